@@ -1,0 +1,142 @@
+"""Training config: model shape presets, parallel layout, optimizer, data, checkpoints.
+
+Plain dataclasses with no torch import, so the planner (``infra/``) and the CLI can read the same
+presets the trainer builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelConfig:
+    """Llama-3-style decoder shape. ``vocab_size = 0`` means: take it from the tokenizer."""
+
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    ffn_hidden: int = 192
+    vocab_size: int = 0
+    max_seq_len: int = 2048
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.n_kv_heads})")
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError("model.dim / model.n_heads must be even for rotary embeddings")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        """Exact parameter count of the model this config builds (needs ``vocab_size``)."""
+        d, kv = self.dim, self.n_kv_heads * self.head_dim
+        attn = d * d + 2 * d * kv + d * d  # wq, wk, wv, wo
+        mlp = 3 * d * self.ffn_hidden  # w1, w2, w3
+        per_layer = attn + mlp + 2 * d  # two RMSNorm weights
+        embed = self.vocab_size * d
+        out = 0 if self.tie_embeddings else self.vocab_size * d
+        total = self.n_layers * per_layer + d + out  # final norm
+        return total + (embed if include_embedding else 0)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6·N (non-embedding) + 12·L·H·Q·T (attention), as in PaLM/torchtitan."""
+        n = self.num_params(include_embedding=False)
+        return 6 * n + 12 * self.n_layers * self.n_heads * self.head_dim * seq_len
+
+
+# Published shapes: Llama 3 8B / 70B (ffn from multiplier 1.3 / 1.3, multiple_of 1024), Llama 3.2 1B.
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=192, max_seq_len=512),
+    "125m": ModelConfig(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_hidden=2048, vocab_size=32000),
+    "1b": ModelConfig(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_hidden=8192, vocab_size=128256,
+                      tie_embeddings=True, max_seq_len=8192),
+    "8b": ModelConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_hidden=14336, vocab_size=128256,
+                      max_seq_len=8192),
+    "70b": ModelConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, vocab_size=128256,
+                       max_seq_len=8192),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return dataclasses.replace(PRESETS[name], **overrides)
+
+
+@dataclass
+class ParallelConfig:
+    """Mesh degrees ``pp × dp_replicate × dp_shard × tp``; ``dp_shard = -1`` takes the rest of the world."""
+
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    tp: int = 1
+    pp_schedule: str = "1F1B"  # 1F1B | Interleaved1F1B | ZBVZeroBubble
+    pp_microbatches: int = 0  # 0: one per pipeline stage
+    zero2: bool = False  # keep params unsharded after forward (no reshard)
+    activation_checkpoint: str = "none"  # none | full | selective
+    compile: bool = False
+    mixed_precision: str = "auto"  # auto: bf16 params + fp32 reduce on GPU, fp32 on CPU; fp32 | bf16
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 5
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+
+
+@dataclass
+class DataConfig:
+    """Fixed global batch (sequences) and sequence length: the run's contract (DESIGN.md §4)."""
+
+    seq_len: int = 128
+    global_batch: int = 8
+    micro_batch: int = 0  # 0: global_batch / dp world size (no accumulation)
+    seed: int = 1234
+    prefetch: int = 2
+    mixture: dict[str, float] = field(default_factory=dict)  # dataset name -> weight; empty: one dataset
+
+
+@dataclass
+class CheckpointConfig:
+    interval_steps: int = 10
+    interval_minutes: float = 0.0  # 0: steps only
+    keep_last: int = 2
+    keep_every: int = 0  # also keep every N-th step (0: none)
+    async_mode: str = "thread"  # off | thread | process
+
+
+@dataclass
+class TrainConfig:
+    model_preset: str = "tiny"
+    model: dict = field(default_factory=dict)  # overrides of the preset's fields
+    steps: int = 40
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    seed: int = 0
+    log_every: int = 1
+    dtype: str = "float32"
+
+    def model_config(self, vocab_size: int | None = None) -> ModelConfig:
+        overrides = dict(self.model)
+        if vocab_size is not None and not overrides.get("vocab_size") and not PRESETS[self.model_preset].vocab_size:
+            overrides["vocab_size"] = vocab_size
+        return preset(self.model_preset, **overrides)
