@@ -49,13 +49,15 @@ class Stats(dict):
     def add(self, key: str, value: int | float = 1) -> None:
         self[key] = self.get(key, 0) + value
 
-    def __add__(self, other: Mapping[str, int | float]) -> "Stats":
+    def __add__(self, other: Mapping[str, int | float] | int) -> "Stats":
         out = Stats(self)
+        if isinstance(other, int) and other == 0:  # sum() starts from 0
+            return out
         for key, value in other.items():
             out.add(key, value)
         return out
 
-    __radd__ = __add__  # lets sum(list_of_stats) start from 0
+    __radd__ = __add__
 
     def __iadd__(self, other: Mapping[str, int | float]) -> "Stats":
         for key, value in other.items():

@@ -1,0 +1,267 @@
+"""`smelt`: the command line. Each command runs a Prefect flow (local mode unless PREFECT_API_URL is set).
+
+User mistakes (bad URL, bad config, missing input) end in one clear sentence and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="smelt: raw web-and-code crawl in, filtered, deduplicated, tokenized data and a trained, "
+                       "evaluated model out.")
+tokenizer_app = typer.Typer(no_args_is_help=True, help="Train or inspect tokenizers.")
+classifier_app = typer.Typer(no_args_is_help=True, help="fastText quality classifier.")
+app.add_typer(tokenizer_app, name="tokenizer")
+app.add_typer(classifier_app, name="quality-classifier")
+console = Console(stderr=True)
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Run config TOML (default configs/demo.toml).")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: section.key=value (repeatable).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
+DaskOpt = Annotated[Optional[str], typer.Option("--dask-address", envvar="SMELT_DASK_ADDRESS",
+                                                help="Scheduler of an existing Dask cluster (default: a LocalCluster).")]
+RootOpt = Annotated[str, typer.Option("--root", help="Where stage outputs land: <root>/<stage>/<fingerprint>/ (any fsspec URL).")]
+
+
+def _prefect_env() -> None:
+    """Quiet, local-first Prefect defaults; a user's own settings win."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tasks,flows")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+
+
+def _config(path: Optional[Path], overrides: Optional[list[str]]):
+    from flows.config import load_run_config
+
+    return load_run_config(path, overrides or [])
+
+
+def _emit(result: dict, as_json: bool, render) -> None:
+    if as_json:
+        print(json.dumps(result, sort_keys=True, default=str))
+    else:
+        render(result)
+
+
+@app.command()
+def sample(
+    output: Annotated[str, typer.Option("--output", "-o", help="Folder or fsspec URL for the sample crawl.")] = "smelt-data/sample",
+    pages: Annotated[int, typer.Option(help="Number of pages (≥ 1000 for the full mix of planted cases).")] = 1200,
+    files: Annotated[int, typer.Option(help="Number of WARC files.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed: the same seed writes byte-identical files.")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write the generated sample crawl (gzipped WARC + ground_truth.jsonl)."""
+    from tasks.sample.crawl import write_sample_crawl
+
+    summary = write_sample_crawl(output, pages=pages, files=files, seed=seed)
+    _emit(summary, as_json, lambda s: console.print(f"wrote sample crawl to {output}: {s}"))
+
+
+@app.command()
+def run(
+    input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="Crawl files/globs (default: the sample crawl, generated if missing).")] = None,
+    root: RootOpt = "smelt-data",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    nproc: Annotated[Optional[int], typer.Option(help="Training processes (default: launch.nproc).")] = None,
+    dask_address: DaskOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Crawl → ingest → dedup → tokenize → train → eval, reusing every finished stage."""
+    from flows.crawl_to_model import crawl_to_model
+    from flows.summary import render_run_summary
+
+    overrides = list(set_ or []) + ([f"launch.nproc={nproc}"] if nproc else [])
+    cfg = _config(config, overrides)  # validate before starting Prefect
+    del cfg
+    result = crawl_to_model(inputs=input, root=root, config_path=str(config) if config else None,
+                            overrides=overrides, dask_address=dask_address)
+    _emit(result, as_json, lambda r: render_run_summary(r, Console()))
+
+
+def _stage_command(flow_fn, section: str, inputs: list[str], output: Optional[str], root: str,
+                   config: Optional[Path], set_: Optional[list[str]], as_json: bool, **kwargs) -> None:
+    from flows.config import section as config_section
+    from flows.summary import render_stage
+
+    cfg = _config(config, set_)
+    result = flow_fn(inputs=inputs, root=root, config=config_section(cfg, section), output=output, **kwargs)
+    _emit(result, as_json, lambda r: render_stage(r, Console()))
+
+
+@app.command()
+def ingest(
+    input: Annotated[list[str], typer.Option("--input", "-i", help="WARC/WET/JSONL/Parquet files, globs or URLs.")],
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Output dataset URL (default <root>/ingest/<fingerprint>).")] = None,
+    root: RootOpt = "smelt-data",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    dask_address: DaskOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Extract, language-filter, quality-filter and PII-mask crawl records into documents."""
+    from flows.ingest import ingest_flow
+
+    _stage_command(ingest_flow, "ingest", input, output, root, config, set_, as_json, dask_address=dask_address)
+
+
+@app.command()
+def dedup(
+    input: Annotated[list[str], typer.Option("--input", "-i", help="Documents dataset URL(s).")],
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Output dataset URL.")] = None,
+    threshold: Annotated[Optional[float], typer.Option(help="Jaccard similarity above which documents are duplicates.")] = None,
+    root: RootOpt = "smelt-data",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    dask_address: DaskOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove exact and near-duplicate documents (MinHash LSH)."""
+    from flows.dedup import dedup_flow
+
+    overrides = list(set_ or []) + ([f"dedup.threshold={threshold}"] if threshold is not None else [])
+    _stage_command(dedup_flow, "dedup", input, output, root, config, overrides, as_json, dask_address=dask_address)
+
+
+@app.command()
+def tokenize(
+    input: Annotated[list[str], typer.Option("--input", "-i", help="Documents dataset URL(s).")],
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Output token dataset URL.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="Tokenizer dataset or tokenizer.json URL (default: train one).")] = None,
+    root: RootOpt = "smelt-data",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    dask_address: DaskOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Encode documents into uint16/uint32 token shards with a held-out validation split."""
+    from flows.tokenize import tokenize_flow
+
+    _stage_command(tokenize_flow, "tokenize", input, output, root, config, set_, as_json,
+                   tokenizer=tokenizer, dask_address=dask_address)
+
+
+@tokenizer_app.command("train")
+def tokenizer_train(
+    input: Annotated[list[str], typer.Option("--input", "-i", help="Documents dataset URL(s).")],
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Tokenizer dataset URL.")] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size, special tokens included.")] = None,
+    root: RootOpt = "smelt-data",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a byte-level BPE tokenizer on a sample of documents."""
+    from flows.tokenize import tokenizer_flow
+
+    overrides = list(set_ or []) + ([f"tokenize.vocab_size={vocab_size}"] if vocab_size else [])
+    _stage_command(tokenizer_flow, "tokenize", input, output, root, config, overrides, as_json)
+
+
+@app.command()
+def train(
+    data: Annotated[list[str], typer.Option("--data", "-d", help="Token dataset URL, or name=URL for a mixture (repeatable).")],
+    root: RootOpt = "smelt-data",
+    run_dir: Annotated[Optional[str], typer.Option(help="Run folder (default <root>/train/<fingerprint>).")] = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    nproc: Annotated[Optional[int], typer.Option(help="Processes for torchrun (default: launch.nproc).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the layout, memory and accumulation; train nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Launch torchrun to train (or resume) a model on token datasets."""
+    from flows.config import section
+    from flows.summary import render_train
+    from flows.train import dry_run_report, train_flow
+
+    overrides = list(set_ or []) + ([f"launch.nproc={nproc}"] if nproc else [])
+    cfg = _config(config, overrides)
+    if dry_run:
+        _emit(dry_run_report(data, section(cfg, "train"), cfg.launch.nproc), as_json,
+              lambda r: console.print_json(json.dumps(r, default=str)))
+        return
+    result = train_flow(data=data, root=root, config=section(cfg, "train"), launch=section(cfg, "launch"), run_dir=run_dir)
+    _emit(result, as_json, lambda r: render_train(r, Console()))
+
+
+@app.command("eval")
+def evaluate(
+    checkpoint: Annotated[str, typer.Option("--checkpoint", help="A checkpoint step-NNNNNNNN URL or a run folder (its newest committed checkpoint).")],
+    data: Annotated[Optional[str], typer.Option("--data", "-d", help="Token dataset with a val split (default: the one the run trained on).")] = None,
+    root: RootOpt = "smelt-data",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Validation loss, perplexity and bits per byte of a checkpoint, plus probe completions."""
+    from flows.config import section
+    from flows.evaluate import eval_flow
+    from flows.summary import render_eval
+
+    cfg = _config(config, set_)
+    result = eval_flow(checkpoint=checkpoint, data=data, root=root, config=section(cfg, "eval"))
+    _emit(result, as_json, lambda r: render_eval(r, Console()))
+
+
+@app.command()
+def export(
+    checkpoint: Annotated[str, typer.Option("--checkpoint", help="Checkpoint step URL or run folder.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Folder URL for model.safetensors + config.json.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Consolidate a sharded checkpoint into one safetensors file loadable without torch.distributed."""
+    from tasks.train.export import export_checkpoint
+
+    result = export_checkpoint(checkpoint, output)
+    _emit(result, as_json, lambda r: console.print(f"exported to {output}: {r}"))
+
+
+@classifier_app.command("train")
+def classifier_train(
+    positive: Annotated[str, typer.Option(help="Documents dataset of good examples.")],
+    negative: Annotated[str, typer.Option(help="Documents dataset of bad examples.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="URL of the fastText model to write.")],
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a fastText quality classifier and report held-out precision and recall."""
+    from tasks.ingest.classifier import train_classifier_from_datasets
+
+    cfg = _config(config, set_)
+    report = train_classifier_from_datasets(positive, negative, output, cfg.ingest.classifier)
+    _emit(report, as_json, lambda r: console.print_json(json.dumps(r, default=str)))
+
+
+def _register_planner() -> None:
+    from infra.commands import plan_command, simulate_command
+
+    app.command("plan")(plan_command)
+    app.command("simulate")(simulate_command)
+
+
+def main() -> None:
+    """Entry point: user mistakes become one sentence on stderr and exit code 2."""
+    from tasks.config import ConfigError
+    from tasks.datasets import DatasetError
+
+    _prefect_env()
+    _register_planner()
+    try:
+        app()
+    except (ConfigError, DatasetError, FileNotFoundError, ValueError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The run config: one section per stage, each handed only to its own stage (STYLE.md, Config)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.config import load
+from tasks.dedup.config import DedupConfig
+from tasks.eval.config import EvalConfig
+from tasks.ingest.config import IngestConfig
+from tasks.tokenize.config import TokenizeConfig
+from tasks.train.config import TrainConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "demo.toml"
+
+
+@dataclass
+class LaunchConfig:
+    """How the train task starts torchrun; not part of the run's fingerprint (any world size resumes)."""
+
+    nproc: int = 2
+    max_restarts: int = 1  # torchrun's elastic agent restarts all ranks this many times
+    task_retries: int = 1  # then Prefect retries the whole launch this many times
+    timeout_minutes: float = 120.0
+
+
+@dataclass
+class RunConfig:
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+
+
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """The run config from ``path`` (default: configs/demo.toml) with ``section.key=value`` overrides."""
+    return load(RunConfig, path or DEFAULT_CONFIG, overrides)
+
+
+def section(cfg: RunConfig, name: str) -> dict:
+    return dataclasses.asdict(getattr(cfg, name))

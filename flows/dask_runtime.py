@@ -1,0 +1,74 @@
+"""Dask for the data stages: a LocalCluster by default, or an existing cluster by address.
+
+Only pure ``tasks/`` functions run on Dask workers (DESIGN.md §8: Prefect tasks inside Dask workers
+each started their own temporary server). A stage gets a ``MapFn`` that submits one Dask task per
+work item, retries items whose worker died, and logs progress as items finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+ADDRESS_ENV = "SMELT_DASK_ADDRESS"
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def dask_cluster(address: str | None = None, n_workers: int | None = None) -> Iterator[str]:
+    """Yield a scheduler address: ``address``, ``$SMELT_DASK_ADDRESS``, or a new LocalCluster's."""
+    address = address or os.environ.get(ADDRESS_ENV)
+    if address:
+        yield address
+        return
+    from distributed import LocalCluster
+
+    workers = n_workers or max(1, min(os.cpu_count() or 1, 8))
+    # One thread per worker process: the hot loops (trafilatura, fastText, tokenizers) hold the GIL
+    # for long stretches, so processes, not threads, give the parallelism.
+    with LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        silence_logs=logging.ERROR,
+    ) as cluster:
+        yield cluster.scheduler_address
+
+
+class DaskMap:
+    """A ``MapFn`` over a Dask scheduler: one task per item, retried if its worker dies."""
+
+    def __init__(self, address: str, retries: int = 2, log_fn: Callable[[str], None] | None = None):
+        self.address = address
+        self.retries = retries
+        self.log_fn = log_fn or log.info
+
+    def __call__(self, fn: Callable[[T], R], items: Sequence[T], *, label: str = "") -> list[R]:
+        from distributed import Client, as_completed
+
+        if not items:
+            return []
+        with Client(self.address, timeout="30s") as client:
+            futures = client.map(fn, list(items), retries=self.retries, pure=False)
+            index = {f.key: i for i, f in enumerate(futures)}
+            results: list = [None] * len(futures)
+            for done, future in enumerate(as_completed(futures), 1):
+                results[index[future.key]] = future.result()
+                if done == len(futures) or done % max(1, len(futures) // 10) == 0:
+                    self.log_fn(f"{label or getattr(fn, '__name__', 'map')}: {done}/{len(futures)} work items done")
+            return results
+
+
+@contextlib.contextmanager
+def dask_map(address: str | None = None, log_fn: Callable[[str], None] | None = None) -> Iterator[DaskMap]:
+    """A ``MapFn`` on the given cluster, or on a LocalCluster that lives as long as the block."""
+    with dask_cluster(address) as scheduler:
+        yield DaskMap(scheduler, log_fn=log_fn)

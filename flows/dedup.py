@@ -1,0 +1,41 @@
+"""Dedup flow: documents → exact and near-duplicate-free documents (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.common import planned_output, reuse_or_run
+from flows.dask_runtime import dask_map
+from tasks import datasets
+from tasks.config import from_dict
+from tasks.dedup.config import DedupConfig
+from tasks.dedup.stage import STAGE, run_dedup
+
+
+def dedup_output(input_fps: list[str], root: str, cfg: DedupConfig) -> tuple[str, str]:
+    return planned_output(root, STAGE, cfg, input_fps, "tasks.dedup")
+
+
+@task(name="dedup", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+def dedup_task(inputs: list[str], root: str, config: dict, dask_address: str | None = None,
+               output: str | None = None) -> dict:
+    """Run (or reuse) dedup over documents datasets; returns a StageOutcome dict."""
+    cfg = from_dict(DedupConfig, config)
+    manifests = [datasets.open_dataset(u, kind="documents") for u in inputs]
+    url, fp = dedup_output([m.fingerprint for m in manifests], root, cfg)
+    url = datasets.normalize_url(output) if output else url
+    log = get_run_logger().info
+
+    def compute() -> datasets.Manifest:
+        with dask_map(dask_address, log) as map_fn:
+            return run_dedup(manifests, url, cfg, fingerprint=fp, map_fn=map_fn)
+
+    return reuse_or_run(STAGE, url, fp, compute).to_dict()
+
+
+@flow(name="dedup")
+def dedup_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
+               dask_address: str | None = None, output: str | None = None) -> dict:
+    """Remove exact and near-duplicate documents (MinHash LSH)."""
+    return dedup_task(inputs, root, config or {}, dask_address, output)

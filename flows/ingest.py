@@ -1,0 +1,44 @@
+"""Ingest flow: raw crawl files → documents (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.common import planned_output, reuse_or_run
+from flows.dask_runtime import dask_map
+from tasks import datasets
+from tasks.config import from_dict
+from tasks.ingest.config import IngestConfig
+from tasks.ingest.readers import expand_inputs
+from tasks.ingest.stage import STAGE, run_ingest
+
+
+def ingest_output(inputs: list[str], root: str, cfg: IngestConfig) -> tuple[list[str], str, str]:
+    """(expanded input URLs, output URL, fingerprint) for raw inputs under ``root``."""
+    urls = expand_inputs(inputs)
+    url, fp = planned_output(root, STAGE, cfg, datasets.raw_input_fingerprints(urls), "tasks.ingest")
+    return urls, url, fp
+
+
+@task(name="ingest", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+def ingest_task(inputs: list[str], root: str, config: dict, dask_address: str | None = None,
+                output: str | None = None) -> dict:
+    """Run (or reuse) the ingest stage; returns a StageOutcome dict with the dataset URL."""
+    cfg = from_dict(IngestConfig, config)
+    urls, url, fp = ingest_output(inputs, root, cfg)
+    url = datasets.normalize_url(output) if output else url
+    log = get_run_logger().info
+
+    def compute() -> datasets.Manifest:
+        with dask_map(dask_address, log) as map_fn:
+            return run_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn)
+
+    return reuse_or_run(STAGE, url, fp, compute).to_dict()
+
+
+@flow(name="ingest")
+def ingest_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
+                dask_address: str | None = None, output: str | None = None) -> dict:
+    """Filter raw crawl files (WARC, WET, JSONL, Parquet; any fsspec URL or glob) into documents."""
+    return ingest_task(inputs, root, config or {}, dask_address, output)

@@ -1,0 +1,77 @@
+"""Tables printed at the end of each command: what ran, what was reused, what was dropped and why."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+DROP_PREFIX = "dropped."
+FAIL_PREFIX = "failed."
+
+
+def _reasons(stats: dict, limit: int = 4) -> str:
+    """The largest drop/failure reasons, e.g. 'lang_not_kept 130, gopher_short_doc 41 (+3 more)'."""
+    items = sorted(((k.split(".", 1)[1], v) for k, v in stats.items()
+                    if k.startswith((DROP_PREFIX, FAIL_PREFIX)) and v), key=lambda kv: -kv[1])
+    text = ", ".join(f"{k} {v:g}" for k, v in items[:limit])
+    return text + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def _in_out(stage: dict) -> tuple[str, str]:
+    stats = stage["stats"]
+    docs_in = stats.get("docs_in", stats.get("read.records", ""))
+    docs_out = stats.get("docs_out", stage["rows"])
+    if stage["stage"] == "tokenize":
+        return str(stats.get("docs", "")), f"{stage['rows']:,} tokens"
+    if stage["stage"] in ("tokenizer", "train", "eval"):
+        return "", ""
+    return (f"{docs_in:,}" if isinstance(docs_in, (int, float)) else str(docs_in)), f"{docs_out:,}"
+
+
+def render_stage(stage: dict, console: Console) -> None:
+    table = Table(title=f"smelt {stage['stage']}")
+    for col in ("status", "in", "out", "drop reasons", "seconds", "output"):
+        table.add_column(col)
+    records_in, records_out = _in_out(stage)
+    table.add_row("reused" if stage["reused"] else "computed", records_in, records_out,
+                  _reasons(stage["stats"]), f"{stage['seconds']:.1f}", stage["url"])
+    console.print(table)
+
+
+def render_train(stage: dict, console: Console) -> None:
+    s = stage["summary"]
+    console.print(f"train: {'reused' if stage['reused'] else 'trained'} {s['steps']} steps, "
+                  f"{s['tokens']:,} tokens, loss {s['first_loss']:.3f} → {s['last_loss']:.3f}; "
+                  f"checkpoint {stage['checkpoint']}")
+
+
+def render_eval(stage: dict, console: Console) -> None:
+    st = stage["stats"]
+    console.print(f"eval of step {stage['step']}: val loss {st['val_loss']:.4f}, perplexity {st['perplexity']:.2f}, "
+                  f"bits/byte {st['bits_per_byte']:.3f} over {st['tokens_scored']:,} tokens ({stage['url']})")
+    for p in stage.get("probes", []):
+        console.print(f"  probe {p['prompt']!r} → {p['completion']!r}")
+
+
+def render_run_summary(summary: dict, console: Console) -> None:
+    table = Table(title=f"smelt run — {summary['root']}")
+    for col in ("stage", "status", "in", "out", "drop reasons / result", "seconds"):
+        table.add_column(col, overflow="fold")
+    for stage in summary["stages"]:
+        records_in, records_out = _in_out(stage)
+        result = _reasons(stage["stats"])
+        if stage["stage"] == "train":
+            s = stage["summary"]
+            result = f"{s['steps']} steps, loss {s['first_loss']:.3f} → {s['last_loss']:.3f}"
+            records_out = f"{s['tokens']:,} tokens"
+        elif stage["stage"] == "eval":
+            st = stage["stats"]
+            result = f"val loss {st['val_loss']:.3f}, perplexity {st['perplexity']:.1f}, bits/byte {st['bits_per_byte']:.3f}"
+        elif stage["stage"] == "tokenizer":
+            result = f"vocab {stage['stats'].get('vocab_size', '')}"
+        table.add_row(stage["stage"], "reused" if stage["reused"] else "computed", records_in, records_out,
+                      result, f"{stage['seconds']:.1f}")
+    console.print(table)
+    train = next(s for s in summary["stages"] if s["stage"] == "train")
+    console.print(f"checkpoint: {train['checkpoint']}")
+    console.print(f"outputs under {summary['root']}; wall time {summary['wall_seconds']:.1f} s")

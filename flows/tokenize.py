@@ -1,0 +1,69 @@
+"""Tokenize flow: documents → a trained BPE tokenizer → token shards with a validation split."""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.common import planned_output, reuse_or_run
+from flows.dask_runtime import dask_map
+from tasks import datasets
+from tasks.config import from_dict
+from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.stage import STAGE, run_tokenize, train_tokenizer
+
+TOKENIZER_STAGE = "tokenizer"
+
+
+def tokenizer_output(input_fps: list[str], root: str, cfg: TokenizeConfig) -> tuple[str, str]:
+    return planned_output(root, TOKENIZER_STAGE, cfg, input_fps, "tasks.tokenize")
+
+
+def tokens_output(input_fps: list[str], tokenizer_fp: str, root: str, cfg: TokenizeConfig) -> tuple[str, str]:
+    return planned_output(root, STAGE, cfg, [*input_fps, tokenizer_fp], "tasks.tokenize")
+
+
+@task(name="train-tokenizer", cache_policy=NO_CACHE, retries=1)
+def tokenizer_task(inputs: list[str], root: str, config: dict, output: str | None = None) -> dict:
+    """Train (or reuse) a byte-level BPE tokenizer on documents datasets."""
+    cfg = from_dict(TokenizeConfig, config)
+    manifests = [datasets.open_dataset(u, kind="documents") for u in inputs]
+    url, fp = tokenizer_output([m.fingerprint for m in manifests], root, cfg)
+    url = datasets.normalize_url(output) if output else url
+    return reuse_or_run(TOKENIZER_STAGE, url, fp,
+                        lambda: train_tokenizer(manifests, url, cfg, fingerprint=fp)).to_dict()
+
+
+@task(name="tokenize", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+def tokenize_task(inputs: list[str], tokenizer_url: str, root: str, config: dict,
+                  dask_address: str | None = None, output: str | None = None) -> dict:
+    """Encode documents into token shards (or reuse them); returns a StageOutcome dict."""
+    cfg = from_dict(TokenizeConfig, config)
+    manifests = [datasets.open_dataset(u, kind="documents") for u in inputs]
+    tokenizer = datasets.read_manifest(tokenizer_url)
+    tokenizer_fp = tokenizer.fingerprint if tokenizer else datasets.raw_input_fingerprints([tokenizer_url])[0]
+    url, fp = tokens_output([m.fingerprint for m in manifests], tokenizer_fp, root, cfg)
+    url = datasets.normalize_url(output) if output else url
+    log = get_run_logger().info
+
+    def compute() -> datasets.Manifest:
+        with dask_map(dask_address, log) as map_fn:
+            return run_tokenize(manifests, tokenizer_url, url, cfg, fingerprint=fp, map_fn=map_fn)
+
+    return reuse_or_run(STAGE, url, fp, compute).to_dict()
+
+
+@flow(name="tokenize")
+def tokenize_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
+                  tokenizer: str | None = None, dask_address: str | None = None, output: str | None = None) -> dict:
+    """Train a tokenizer (unless one is given as a tokenizer dataset or tokenizer.json URL), then encode."""
+    config = config or {}
+    tokenizer_url = tokenizer or tokenizer_task(inputs, root, config)["url"]
+    return tokenize_task(inputs, tokenizer_url, root, config, dask_address, output)
+
+
+@flow(name="train-tokenizer")
+def tokenizer_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
+                   output: str | None = None) -> dict:
+    """Train a byte-level BPE tokenizer on documents datasets."""
+    return tokenizer_task(inputs, root, config or {}, output)

@@ -1,0 +1,148 @@
+"""Train flow: launch torchrun on token datasets, follow its checkpoints, publish each commit.
+
+The task starts torchrun in its own process group (so cancelling the flow kills every rank),
+watches the run folder for committed checkpoints and publishes each one as a new version of a
+per-run link artifact and as a ``smelt.checkpoint.committed`` event, which the eval flow (or a
+deployment trigger) consumes by URL.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_link_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.events import emit_event
+
+from flows.common import StageOutcome, artifact_key, planned_output
+from tasks import datasets
+from tasks.config import from_dict
+from tasks.train.checkpoint import list_committed
+from tasks.train.config import TrainConfig
+from tasks.train.launch import launch_torchrun
+
+STAGE = "train"
+CHECKPOINT_EVENT = "smelt.checkpoint.committed"
+
+
+def parse_data(data: list[str]) -> dict[str, str]:
+    """``["URL"]`` or ``["web=URL", "code=URL"]`` → name → normalized URL."""
+    out = {}
+    for i, item in enumerate(data):
+        name, url = item.split("=", 1) if "=" in item and "://" not in item.split("=", 1)[0] else (f"data{i}" if len(data) > 1 else "main", item)
+        out[name] = datasets.normalize_url(url)
+    return out
+
+
+def run_dir_for(data: dict[str, str], root: str, cfg: TrainConfig) -> tuple[str, str, dict[str, datasets.Manifest]]:
+    manifests = {name: datasets.open_dataset(url, kind="tokens") for name, url in data.items()}
+    url, fp = planned_output(root, STAGE, cfg, [f"{n}:{m.fingerprint}" for n, m in sorted(manifests.items())], "tasks.train")
+    return url, fp, manifests
+
+
+class CheckpointPublisher:
+    """Publishes every newly committed checkpoint of a run once (artifact version + event)."""
+
+    def __init__(self, run_dir: str, run_name: str):
+        self.run_dir, self.run_name = run_dir, run_name
+        self.published: set[int] = set()
+
+    def poll(self) -> None:
+        for ckpt in list_committed(self.run_dir):
+            if ckpt["step"] in self.published:
+                continue
+            self.published.add(ckpt["step"])
+            create_link_artifact(
+                key=artifact_key(f"smelt-checkpoint-{self.run_name}"),
+                link=ckpt["url"],
+                link_text=f"step {ckpt['step']}",
+                description=f"checkpoint step {ckpt['step']} of run {self.run_name}: loss {ckpt.get('loss')}, "
+                            f"tokens {ckpt.get('tokens')}",
+            )
+            emit_event(
+                event=CHECKPOINT_EVENT,
+                resource={"prefect.resource.id": f"smelt.run.{self.run_name}", "smelt.run_dir": self.run_dir},
+                payload={"url": ckpt["url"], "step": ckpt["step"], "loss": ckpt.get("loss"), "tokens": ckpt.get("tokens")},
+            )
+
+    def follow(self, stop: threading.Event, every_s: float = 2.0) -> None:
+        while not stop.wait(every_s):
+            self.poll()
+
+
+@task(name="train", cache_policy=NO_CACHE)
+def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: str | None = None) -> dict:
+    """Train (or resume, or reuse) a model; returns a StageOutcome dict whose url is the run folder."""
+    logger = get_run_logger()
+    cfg = from_dict(TrainConfig, config)
+    sources = parse_data(data)
+    url, fp, manifests = run_dir_for(sources, root, cfg)
+    url = datasets.normalize_url(run_dir) if run_dir else url
+    finished = datasets.read_manifest(url)
+    if finished is not None:
+        logger.info(f"train: reusing finished run {url}")
+        return _outcome(url, finished, reused=True, seconds=0.0)
+
+    publisher = CheckpointPublisher(url, fp)
+    stop = threading.Event()
+    follower = threading.Thread(target=publisher.follow, args=(stop,), daemon=True)
+    follower.start()
+    try:
+        result = launch_torchrun(
+            data=sources, config=config, run_dir=url, nproc=int(launch["nproc"]),
+            max_restarts=int(launch["max_restarts"]), timeout_s=float(launch["timeout_minutes"]) * 60,
+            log=logger.info,
+        )
+    finally:
+        stop.set()
+        follower.join(timeout=10)
+    publisher.poll()
+    summary = result["summary"]
+    committed = list_committed(url)
+    if not committed:
+        raise RuntimeError(f"training finished but {url} holds no committed checkpoint")
+    final = committed[-1]
+    manifest = datasets.commit(
+        url, kind="model", fp=fp, shards=[],
+        stats={"steps": summary["steps"], "tokens": summary["tokens"], "restarts": result.get("restarts", 0)},
+        inputs=list(manifests.values()), config=cfg,
+        meta={"checkpoint": final["url"], "step": final["step"], "summary": summary, "data": sources},
+    )
+    return _outcome(url, manifest, reused=False, seconds=result["seconds"])
+
+
+def _outcome(url: str, manifest: datasets.Manifest, reused: bool, seconds: float) -> dict:
+    outcome = StageOutcome(STAGE, url, manifest.fingerprint, manifest.kind, reused, round(seconds, 2),
+                           int(manifest.stats.get("tokens", 0)), dict(manifest.stats)).to_dict()
+    outcome["checkpoint"] = manifest.meta["checkpoint"]
+    outcome["summary"] = manifest.meta["summary"]
+    return outcome
+
+
+def dry_run_report(data: list[str], config: dict, nproc: int) -> dict[str, Any]:
+    """Layout, per-rank memory and derived accumulation, without launching anything."""
+    from tasks.train.trainer import describe_layout
+
+    sources = parse_data(data)
+    vocab = {datasets.open_dataset(u, kind="tokens").meta["vocab_size"] for u in sources.values()}
+    return describe_layout(from_dict(TrainConfig, config), world_size=nproc, vocab_size=max(vocab))
+
+
+@flow(name="train")
+def train_flow(data: list[str], root: str = "smelt-data", config: dict | None = None,
+               launch: dict | None = None, run_dir: str | None = None) -> dict:
+    """Launch torchrun on token datasets; Prefect retries the whole launch when the agent gives up."""
+    from flows.config import LaunchConfig
+    import dataclasses
+
+    launch = launch or dataclasses.asdict(LaunchConfig())
+    return train_task.with_options(retries=int(launch["task_retries"]), retry_delay_seconds=5)(
+        data, root, config or {}, launch, run_dir)
+
+
+def load_json(url: str) -> Any:
+    fs, path = datasets.filesystem(url)
+    return json.loads(fs.cat_file(path))

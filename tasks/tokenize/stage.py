@@ -1,0 +1,141 @@
+"""The tokenize stage: documents datasets + a tokenizer -> one tokens dataset (DESIGN.md §3).
+
+One work item per document shard ``n`` (counting across all inputs, in order) writes
+``train-NNNNN.bin/.idx`` and ``val-NNNNN.bin/.idx`` (a split with no documents writes nothing).
+A document goes to ``val`` iff ``hash_fraction(val_seed, id) < val_fraction``, so the held-out set
+depends on the document alone, not on sharding or order. Each shard's tokens are held in memory
+until written (about 2-4 bytes per token: memory is bounded by the document shard size).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from tasks import datasets
+from tasks.parallel import MapFn, serial_map
+from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.shards import document_shards, iter_document_batches, join_documents, token_dtype, write_token_shard
+from tasks.tokenize.tokenizer import TOKENIZER_FILE, hash_fraction, load_tokenizer, special_ids, tokenizer_json_url
+
+log = logging.getLogger(__name__)
+
+STAGE = "tokenize"
+SPLITS = ("train", "val")
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(url: str) -> Tokenizer:
+    """One parsed tokenizer per worker process (a 128k vocabulary takes a while to parse)."""
+    return load_tokenizer(url)
+
+
+class _SplitBuffer:
+    """Token arrays of one split of one shard, joined when the shard is written."""
+
+    def __init__(self) -> None:
+        self.tokens: list[np.ndarray] = []
+        self.starts: list[np.ndarray] = []
+        self.length = 0
+
+    def append(self, tokens: np.ndarray, starts: np.ndarray) -> None:
+        self.tokens.append(tokens)
+        self.starts.append(starts + self.length)
+        self.length += len(tokens)
+
+    def joined(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.concatenate(self.tokens), np.concatenate(self.starts)
+
+
+def tokenize_shard(item: tuple[int, str], output_url: str, cfg: TokenizeConfig) -> datasets.ShardResult:
+    """Encode document shard ``item = (n, url)`` into the train/val token shards numbered ``n``.
+
+    Stats: ``docs.in``, ``docs.<split>``, ``tokens.<split>``, ``bytes.text``, ``dropped.empty_text``.
+    """
+    number, url = item
+    tokenizer = _tokenizer(datasets.join(output_url, TOKENIZER_FILE))
+    ids = special_ids(tokenizer, cfg)
+    bos_id = ids["bos_id"] if cfg.add_bos else None
+    dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
+    stats = datasets.Stats()
+    buffers = {split: _SplitBuffer() for split in SPLITS}
+    for batch in iter_document_batches(url, ["id", "text"], cfg.batch_docs):
+        texts: dict[str, list[str]] = {split: [] for split in SPLITS}
+        for doc_id, text in zip(batch.column("id").to_pylist(), batch.column("text").to_pylist()):
+            stats.add("docs.in")
+            if not text:
+                stats.add("dropped.empty_text")
+                continue
+            split = "val" if hash_fraction(cfg.val_seed, str(doc_id)) < cfg.val_fraction else "train"
+            texts[split].append(text)
+        everything = texts["train"] + texts["val"]  # one call keeps all encoder threads busy
+        encoded = [e.ids for e in tokenizer.encode_batch_fast(everything, add_special_tokens=False)]
+        stats.add("bytes.text", sum(len(t.encode("utf-8")) for t in everything))
+        cut = len(texts["train"])
+        for split, part in (("train", encoded[:cut]), ("val", encoded[cut:])):
+            if part:
+                buffers[split].append(*join_documents(part, ids["eos_id"], bos_id, dtype))
+                stats.add(f"docs.{split}", len(part))
+    shards = []
+    for split, buffer in buffers.items():
+        if buffer.tokens:
+            tokens, starts = buffer.joined()
+            stats.add(f"tokens.{split}", len(tokens))
+            shards += write_token_shard(output_url, f"{split}-{number:05d}", split, tokens, starts)
+    return datasets.ShardResult(shards, stats)
+
+
+def _run_item(item: tuple[int, str], output_url: str, cfg: TokenizeConfig) -> datasets.ShardResult:
+    return datasets.run_shard(output_url, f"docs-{item[0]:05d}", lambda: tokenize_shard(item, output_url, cfg))
+
+
+def _copy_tokenizer(tokenizer_url: str, output_url: str) -> str:
+    """Store the tokenizer inside the tokens dataset (train and eval decode from it alone); its sha256."""
+    source = tokenizer_json_url(tokenizer_url)
+    load_tokenizer(source)  # a clear error now beats one per worker later
+    fs, path = datasets.filesystem(source)
+    blob = fs.cat_file(path)
+    with datasets.atomic_write(datasets.join(output_url, TOKENIZER_FILE)) as f:
+        f.write(blob)
+    out_fs, out_path = datasets.filesystem(datasets.join(output_url, TOKENIZER_FILE))
+    return datasets.file_sha256(out_fs, out_path)
+
+
+def run_tokenize(
+    inputs: list[datasets.Manifest],
+    tokenizer_url: str,
+    output_url: str,
+    cfg: TokenizeConfig,
+    *,
+    fingerprint: str,
+    map_fn: MapFn = serial_map,
+) -> datasets.Manifest:
+    """Encode every document shard of ``inputs`` with the tokenizer at ``tokenizer_url``.
+
+    Writes a ``tokens`` dataset (format in ``tasks/datasets.py``) with ``tokenizer.json`` inside;
+    manifest meta: dtype, vocab_size, eos_id, bos_id, pad_id, tokenizer_sha256, val_fraction.
+    """
+    tokenizer_sha256 = _copy_tokenizer(tokenizer_url, output_url)
+    tokenizer = load_tokenizer(datasets.join(output_url, TOKENIZER_FILE))
+    ids = special_ids(tokenizer, cfg)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    items = [(n, datasets.shard_url(m, s)) for n, (m, s) in enumerate(document_shards(inputs))]
+    work = functools.partial(_run_item, output_url=output_url, cfg=cfg)
+    results = map_fn(work, items, label="tokenize")
+    stats = sum((r.stats for r in results), datasets.Stats())
+    stats.add("shards.in", len(items))
+    shards = [s for r in results for s in r.shards]
+    log.info("tokenized %d documents into %d train and %d val tokens", stats.get("docs.in", 0),
+             stats.get("tokens.train", 0), stats.get("tokens.val", 0))
+    meta = {
+        "dtype": token_dtype(vocab_size).name,
+        "vocab_size": vocab_size,
+        **ids,
+        "tokenizer_sha256": tokenizer_sha256,
+        "val_fraction": cfg.val_fraction,
+    }
+    return datasets.commit(output_url, "tokens", fingerprint, shards, stats,
+                           inputs=[*inputs, tokenizer_url], config=cfg, meta=meta)

@@ -1,0 +1,143 @@
+"""Train a byte-level BPE tokenizer on a sample of documents, or load any ``tokenizer.json``.
+
+Byte-level BPE (ByteLevel pre-tokenizer and decoder, the 256 byte symbols as the initial alphabet,
+no normalizer) encodes any text and decodes it back byte for byte. The special tokens BOS, EOS
+and PAD get ids 0, 1, 2 in a tokenizer trained here. A loaded tokenizer never turns text into a
+special token (``encode_special_tokens``): a document that contains the literal string
+``<|eos|>`` is encoded as text, and only the stage inserts EOS ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from tasks import datasets
+from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.shards import document_shards, iter_row_groups
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def hash_fraction(seed: int, key: str) -> float:
+    """A uniform number in [0, 1) fixed by (seed, key): the basis of every by-document choice."""
+    digest = hashlib.blake2b(f"{seed}\x1f{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
+def special_ids(tokenizer: Tokenizer, cfg: TokenizeConfig) -> dict[str, int | None]:
+    """``bos_id``, ``eos_id``, ``pad_id`` of the configured special tokens; EOS must exist."""
+    ids = {
+        "bos_id": tokenizer.token_to_id(cfg.bos_token),
+        "eos_id": tokenizer.token_to_id(cfg.eos_token),
+        "pad_id": tokenizer.token_to_id(cfg.pad_token),
+    }
+    if ids["eos_id"] is None:
+        raise ValueError(
+            f"the tokenizer has no {cfg.eos_token!r} token; set tokenize.eos_token to its end-of-document token"
+        )
+    if cfg.add_bos and ids["bos_id"] is None:
+        raise ValueError(f"tokenize.add_bos is set but the tokenizer has no {cfg.bos_token!r} token")
+    return ids
+
+
+def sample_texts(inputs: list[datasets.Manifest], cfg: TokenizeConfig, stats: datasets.Stats) -> Iterator[list[str]]:
+    """Batches of a seeded sample of about ``cfg.sample_docs`` documents spread over every shard.
+
+    A document is picked iff ``hash_fraction(sample_seed, id) < sample_docs / total_docs``, so the
+    sample is the same on every run and draws from the whole corpus. Row groups are streamed and
+    their text is read only when one of their ids is picked.
+    """
+    total = sum(m.rows for m in inputs)
+    rate = cfg.sample_docs / max(total, 1)
+    taken = 0
+    for manifest, shard in document_shards(inputs):
+        for parquet, group in iter_row_groups(datasets.shard_url(manifest, shard)):
+            ids = parquet.read_row_group(group, columns=["id"]).column("id").to_pylist()
+            picked = [i for i, doc_id in enumerate(ids) if hash_fraction(cfg.sample_seed, str(doc_id)) < rate]
+            if not picked:
+                continue
+            texts = parquet.read_row_group(group, columns=["text"]).column("text").take(picked).to_pylist()
+            batch = []
+            for text in texts:
+                if not text:
+                    stats.add("dropped.empty_text")
+                    continue
+                batch.append(text)
+                stats.add("bytes.sampled", len(text.encode("utf-8")))
+            batch = batch[: cfg.sample_docs - taken]
+            taken += len(batch)
+            stats.add("docs.sampled", len(batch))
+            yield batch
+            if taken >= cfg.sample_docs:
+                return
+
+
+def build_tokenizer(cfg: TokenizeConfig, batches: Iterator[list[str]]) -> Tokenizer:
+    """Train byte-level BPE on ``batches`` of texts (held in memory only as word counts)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=[cfg.bos_token, cfg.eos_token, cfg.pad_token],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(batches, trainer)
+    return tokenizer
+
+
+def train_tokenizer(inputs: list[datasets.Manifest], output_url: str, cfg: TokenizeConfig, *, fingerprint: str) -> datasets.Manifest:
+    """Train on a sample of the documents datasets ``inputs``; write a ``tokenizer`` dataset.
+
+    Output: ``tokenizer.json`` (one shard, rows = vocabulary size). Stats: ``docs.sampled``,
+    ``bytes.sampled``, ``dropped.empty_text``. Meta: vocab_size, bos_id, eos_id, pad_id.
+    """
+    stats = datasets.Stats()
+    tokenizer = build_tokenizer(cfg, sample_texts(inputs, cfg, stats))
+    if not stats.get("docs.sampled"):
+        raise datasets.DatasetError("no non-empty documents to train the tokenizer on; check the input datasets")
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def write(f) -> int:
+        f.write(tokenizer.to_str().encode("utf-8"))
+        return vocab_size
+
+    shard = datasets.write_shard(output_url, TOKENIZER_FILE, write)
+    log.info("trained a %d-token tokenizer on %d documents", vocab_size, stats["docs.sampled"])
+    meta = {"vocab_size": vocab_size, **special_ids(tokenizer, cfg)}
+    return datasets.commit(output_url, "tokenizer", fingerprint, [shard], stats, inputs=list(inputs), config=cfg, meta=meta)
+
+
+def tokenizer_json_url(url: str) -> str:
+    """The ``tokenizer.json`` URL for a tokenizer or tokens dataset URL, or a ``.json`` URL itself."""
+    url = datasets.normalize_url(url)
+    if url.endswith(".json"):
+        return url
+    manifest = datasets.open_dataset(url)
+    if manifest.kind not in ("tokenizer", "tokens"):
+        raise datasets.DatasetError(f"dataset at {url} holds {manifest.kind!r}, not a tokenizer or tokens dataset")
+    return datasets.join(url, TOKENIZER_FILE)
+
+
+def load_tokenizer(url: str) -> Tokenizer:
+    """The tokenizer at a tokenizer (or tokens) dataset URL or at any ``tokenizer.json`` URL."""
+    json_url = tokenizer_json_url(url)
+    fs, path = datasets.filesystem(json_url)
+    if not fs.exists(path):
+        raise datasets.DatasetError(
+            f"no tokenizer at {json_url}; train one (`smelt tokenizer train`) or pass a tokenizer.json URL"
+        )
+    try:
+        tokenizer = Tokenizer.from_str(fs.cat_file(path).decode("utf-8"))
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        raise datasets.DatasetError(f"{json_url} is not a valid tokenizer.json: {e}") from e
+    tokenizer.encode_special_tokens = True
+    return tokenizer

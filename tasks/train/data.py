@@ -1,0 +1,426 @@
+"""Deterministic, elastic token loader (DESIGN.md §4): the order of samples is a pure function of
+(seed, epoch, sample index), and the loader's whole state is the number of samples consumed.
+
+Vocabulary and the rules every part below keeps:
+
+- *stream*: the concatenation, in shard-name order, of one tokens dataset's shards of one split.
+- *sample*: window ``s`` of a stream, tokens ``[s*seq_len, s*seq_len + seq_len + 1)``. Windows step by
+  ``seq_len`` and overlap by one token, so every token is a target exactly once per epoch; a stream
+  of T tokens holds ``(T - 1) // seq_len`` samples (the tail that does not fill a window is unused
+  in that epoch). Windows cross document and shard boundaries; EOS tokens separate documents.
+- *global sample index* ``i``: position in the run's sample sequence. Global batch ``g`` is indices
+  ``[g*global_batch, (g+1)*global_batch)``; data-parallel rank ``r`` of ``d`` takes the contiguous
+  slice ``[r*b, (r+1)*b)`` of it with ``b = global_batch // d``. Any world size therefore resumes at
+  exactly the next sample: nothing about the order depends on ``d``.
+- *mixture*: index ``i`` is routed to a dataset by a deterministic interleave (``_route``), which
+  also tells which draw ``j`` of that dataset it is. Draw ``j`` of a dataset with ``n`` samples is
+  sample ``permute(j % n)`` of epoch ``j // n``, where ``permute`` is a seeded Feistel bijection on
+  ``[0, n)``: no permutation is ever materialised, so memory is O(shards), not O(samples).
+
+Shards are read through ``np.memmap``; shards of remote datasets are first copied (checksum
+verified) into a local cache directory. A background thread keeps ``prefetch`` batches ready.
+Nothing here needs torch.distributed: callers pass their data-parallel rank and size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import queue
+import threading
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from fsspec.implementations.local import LocalFileSystem
+
+from tasks import datasets as contract
+
+log = logging.getLogger(__name__)
+
+# Mixture routing uses integer arithmetic so every machine routes identically: weights are
+# quantised to 1/2**_WEIGHT_BITS and global sample indices stay below 2**(63 - _WEIGHT_BITS).
+_WEIGHT_BITS = 24
+_MAX_SAMPLES = 1 << (63 - _WEIGHT_BITS)
+_FEISTEL_ROUNDS = 6
+_U64 = np.uint64
+
+
+# --------------------------------------------------------------------------------------------
+# Pure functions of (seed, epoch, index): the whole order lives here.
+
+
+def _key(*parts: object) -> int:
+    """A 64-bit key from any labels (seed, dataset name, epoch, round), stable across machines."""
+    blob = "\x1f".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little")
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser on a uint64 array (wrapping arithmetic): a cheap, well-spread hash."""
+    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
+    return x ^ (x >> _U64(31))
+
+
+def permute(index: np.ndarray, n: int, key: int) -> np.ndarray:
+    """A seeded bijection of ``[0, n)``: a balanced Feistel network on the next even power of two,
+    cycle-walked back into range (each value is re-encrypted until it lands below ``n``)."""
+    index = np.asarray(index, dtype=np.uint64)
+    if n <= 1:
+        return np.zeros_like(index)
+    bits = max(2, math.ceil(math.log2(n)))
+    bits += bits % 2
+    half = _U64(bits // 2)
+    mask = _U64((1 << (bits // 2)) - 1)
+    round_keys = [_U64(_key(key, r)) for r in range(_FEISTEL_ROUNDS)]
+
+    def encrypt(x: np.ndarray) -> np.ndarray:
+        left, right = x >> half, x & mask
+        for k in round_keys:
+            left, right = right, left ^ (_mix64(right + k) & mask)
+        return (left << half) | right
+
+    out = encrypt(index)
+    outside = out >= _U64(n)
+    while outside.any():
+        out[outside] = encrypt(out[outside])
+        outside = out >= _U64(n)
+    return out
+
+
+@dataclass(frozen=True)
+class _Split:
+    """One node of the mixture chain: send a share ``q / 2**_WEIGHT_BITS`` of what reaches it to one
+    dataset, the rest onward. ``phase`` (seeded) shifts where in the period the picks fall."""
+
+    q: int
+    phase: int
+
+
+def _chain(weights: list[float], seed: int) -> list[_Split]:
+    splits, rest = [], sum(weights)
+    scale = 1 << _WEIGHT_BITS
+    for k, w in enumerate(weights[:-1]):
+        splits.append(_Split(q=round(scale * w / rest), phase=_key("mixture", seed, k) % scale))
+        rest -= w
+    return splits
+
+
+def _route(index: np.ndarray, chain: list[_Split]) -> tuple[np.ndarray, np.ndarray]:
+    """(dataset, draw) for each global sample index: a deterministic interleave with exact shares.
+
+    Node k takes item m of those reaching it iff floor((m+1)q + phase) > floor(m q + phase)
+    (Bresenham), so after M items it has taken floor(M q + phase) of them: every dataset's count
+    stays within one sample of its weight per node, at any prefix, with no scan of the past.
+    The draw number within the dataset (or onward node) follows from the same floor count.
+    """
+    m = np.asarray(index, dtype=np.uint64).copy()
+    dataset = np.full(m.shape, len(chain), dtype=np.int64)
+    draw = np.zeros(m.shape, dtype=np.uint64)
+    open_ = np.ones(m.shape, dtype=bool)
+    shift = _U64(_WEIGHT_BITS)
+    for k, node in enumerate(chain):
+        q, phase = _U64(node.q), _U64(node.phase)
+        before = (m * q + phase) >> shift
+        after = ((m + _U64(1)) * q + phase) >> shift
+        taken = open_ & (after > before)
+        dataset[taken] = k
+        draw[taken] = before[taken]
+        m = np.where(taken, m, m - before)
+        open_ &= ~taken
+    draw[open_] = m[open_]
+    return dataset, draw
+
+
+# --------------------------------------------------------------------------------------------
+# One tokens dataset's split: local memory-mapped shards forming one stream.
+
+
+def _local_shard_path(manifest: contract.Manifest, shard: contract.ShardInfo, cache_dir: str | None) -> str:
+    """A local path holding the shard's bytes: the file itself, or a verified copy in the cache.
+
+    Copies land under ``<cache_dir>/<fingerprint>/`` through a unique temporary name and an atomic
+    rename, so ranks sharing a node may race safely. A cached copy of the right size is trusted
+    (hashing terabytes on every restart would cost more than the copy); a new copy is verified.
+    """
+    fs, path = contract.filesystem(contract.shard_url(manifest, shard))
+    if isinstance(fs, LocalFileSystem):
+        return path
+    root = cache_dir or os.environ.get("SMELT_CACHE_DIR") or os.path.expanduser("~/.cache/smelt/tokens")
+    local = os.path.join(root, manifest.fingerprint, shard.name)
+    if os.path.exists(local) and os.path.getsize(local) == shard.bytes:
+        return local
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    tmp = f"{local}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        fs.get_file(path, tmp)
+        if contract.file_sha256(LocalFileSystem(), tmp) != shard.sha256:
+            raise contract.DatasetError(
+                f"shard {shard.name} of {manifest.meta['url']} does not match its manifest checksum; "
+                "re-run the tokenize stage to rebuild it"
+            )
+        os.replace(tmp, local)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    log.info("cached %s (%d bytes) at %s", shard.name, shard.bytes, local)
+    return local
+
+
+class _Stream:
+    """The token stream of one split of one tokens dataset, read window by window."""
+
+    def __init__(self, url: str, split: str, seq_len: int, cache_dir: str | None) -> None:
+        manifest = contract.open_dataset(url, kind="tokens")
+        self.fingerprint = manifest.fingerprint
+        self.meta = manifest.meta
+        self.dtype = np.dtype(manifest.meta["dtype"]).newbyteorder("<")
+        shards = [s for s in manifest.shards if s.extra.get("split") == split and s.name.endswith(".bin")]
+        tokens = [int(s.extra.get("tokens", s.rows)) for s in shards]
+        self.total = sum(tokens)
+        self.samples = max(0, (self.total - 1) // seq_len)
+        if self.samples == 0:
+            raise ValueError(
+                f"tokens dataset {manifest.meta['url']} has {self.total} {split!r} tokens, fewer than one "
+                f"sample of seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more data"
+            )
+        self.starts = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
+        self._paths = [_local_shard_path(manifest, s, cache_dir) for s in shards]
+        self._maps: list[np.memmap | None] = [None] * len(shards)
+
+    def _map(self, i: int) -> np.memmap:
+        # Opened on first use: a run over thousands of shards maps only those it reads. The RSS that
+        # grows as pages are touched is reclaimable page cache, not a leak (cf. nanoGPT's memmap note).
+        if self._maps[i] is None:
+            self._maps[i] = np.memmap(self._paths[i], dtype=self.dtype, mode="r")
+        return self._maps[i]
+
+    def read(self, start: int, length: int, out: np.ndarray) -> None:
+        """Copy tokens ``[start, start+length)`` of the stream into ``out`` (crossing shards if needed)."""
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        filled = 0
+        while filled < length:
+            offset = start + filled - int(self.starts[i])
+            piece = self._map(i)[offset: offset + length - filled]
+            out[filled: filled + len(piece)] = piece
+            filled += len(piece)
+            i += 1
+
+    def close(self) -> None:
+        self._maps = [None] * len(self._maps)
+
+
+# --------------------------------------------------------------------------------------------
+# The loader.
+
+
+class TokenLoader:
+    """This rank's slice of each global batch of ``(inputs, targets)``, in a resumable order.
+
+    ``datasets`` maps a name to a tokens dataset URL (one entry: no mixture). ``weights`` maps the
+    same names to positive weights (normalised here); None weights each dataset by its sample count,
+    i.e. plain concatenation. All datasets must share one tokenizer (same vocab and special ids).
+    """
+
+    def __init__(
+        self,
+        datasets: dict[str, str],
+        weights: dict[str, float] | None,
+        *,
+        split: str,
+        seq_len: int,
+        global_batch: int,
+        dp_rank: int,
+        dp_size: int,
+        seed: int,
+        prefetch: int = 2,
+        cache_dir: str | None = None,
+    ) -> None:
+        if not datasets:
+            raise ValueError("the loader needs at least one tokens dataset (name -> URL)")
+        if seq_len < 1 or global_batch < 1:
+            raise ValueError(f"seq_len ({seq_len}) and global_batch ({global_batch}) must be positive")
+        if dp_size < 1 or not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank ({dp_rank}) must be in [0, dp_size) with dp_size ({dp_size}) >= 1")
+        if global_batch % dp_size:
+            raise ValueError(
+                f"global_batch ({global_batch}) must be divisible by the data-parallel size ({dp_size}); "
+                "change data.global_batch or the number of data-parallel ranks"
+            )
+        self.names = sorted(datasets)
+        self.split, self.seq_len, self.global_batch, self.seed = split, seq_len, global_batch, seed
+        self.dp_rank, self.dp_size, self.prefetch = dp_rank, dp_size, prefetch
+        self.local_batch = global_batch // dp_size
+        self._streams = [_Stream(datasets[n], split, seq_len, cache_dir) for n in self.names]
+        self._check_same_tokenizer()
+        self.weights = self._normalised_weights(weights)
+        self._chain = _chain([self.weights[n] for n in self.names], seed)
+        self._samples_consumed = 0
+        self._queue: queue.Queue | None = None
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- identity and state ------------------------------------------------------------------
+
+    def _check_same_tokenizer(self) -> None:
+        keys = ("vocab_size", "eos_id", "bos_id", "pad_id")
+        first = {k: self._streams[0].meta.get(k) for k in keys}
+        for name, stream in zip(self.names, self._streams):
+            other = {k: stream.meta.get(k) for k in keys}
+            if other != first:
+                raise ValueError(
+                    f"tokens dataset {name!r} was made with a different tokenizer ({other} vs {first}); "
+                    "tokenize every dataset of a mixture with the same tokenizer"
+                )
+
+    def _normalised_weights(self, weights: dict[str, float] | None) -> dict[str, float]:
+        if weights is None:
+            weights = {n: float(s.samples) for n, s in zip(self.names, self._streams)}
+        if sorted(weights) != self.names:
+            raise ValueError(f"mixture weights name {sorted(weights)} but the datasets are {self.names}; use the same names")
+        bad = [n for n, w in weights.items() if not (w > 0 and math.isfinite(w))]
+        if bad:
+            raise ValueError(f"mixture weight of {bad[0]!r} must be a positive number, got {weights[bad[0]]!r}")
+        total = sum(weights.values())
+        return {n: round(weights[n] / total, 12) for n in self.names}
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._streams[0].meta["vocab_size"])
+
+    @property
+    def eos_id(self) -> int:
+        return int(self._streams[0].meta["eos_id"])
+
+    @property
+    def samples_consumed(self) -> int:
+        return self._samples_consumed
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Target tokens per optimizer step over all ranks (``global_batch * seq_len``)."""
+        return self.global_batch * self.seq_len
+
+    def _identity(self) -> dict:
+        return {
+            "datasets": {n: s.fingerprint for n, s in zip(self.names, self._streams)},
+            "weights": dict(self.weights),
+            "split": self.split,
+            "seq_len": self.seq_len,
+            "global_batch": self.global_batch,
+            "seed": self.seed,
+        }
+
+    def state_dict(self) -> dict:
+        """Samples consumed plus what must not change on resume (the world size may)."""
+        return {"samples_consumed": self._samples_consumed, **self._identity()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at ``state["samples_consumed"]``; refuse if the data or the batch contract changed."""
+        for key, now in self._identity().items():
+            if key not in state:
+                raise ValueError(f"loader state has no {key!r}; it was not saved by TokenLoader.state_dict")
+            if state[key] != now:
+                raise ValueError(
+                    f"loader state does not match this run: {key} changed (checkpoint {state[key]!r}, now {now!r}); "
+                    "restore the original setting or start a fresh run"
+                )
+        consumed = int(state["samples_consumed"])
+        if consumed < 0 or consumed >= _MAX_SAMPLES:
+            raise ValueError(f"loader state has an invalid samples_consumed ({consumed})")
+        self._stop_prefetch()
+        self._samples_consumed = consumed
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def batch_at(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's slice of the global batch that begins at global sample index ``start``."""
+        first = start + self.dp_rank * self.local_batch
+        index = np.arange(first, first + self.local_batch, dtype=np.uint64)
+        which, draw = _route(index, self._chain)
+        windows = np.empty((self.local_batch, self.seq_len + 1), dtype=np.int64)
+        for k, stream in enumerate(self._streams):
+            rows = np.flatnonzero(which == k)
+            if rows.size == 0:
+                continue
+            epoch, position = np.divmod(draw[rows], _U64(stream.samples))
+            sample = np.empty_like(position)
+            for e in np.unique(epoch):
+                at = epoch == e
+                sample[at] = permute(position[at], stream.samples, _key(self.seed, self.names[k], int(e)))
+            for row, s in zip(rows, sample):
+                stream.read(int(s) * self.seq_len, self.seq_len + 1, windows[row])
+        inputs = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
+        targets = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
+        return inputs, targets
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets), each ``(global_batch // dp_size, seq_len)`` int64; advances one step."""
+        if self._closed:
+            raise RuntimeError("the loader is closed; build a new TokenLoader")
+        start = self._samples_consumed
+        if self.prefetch <= 0:
+            batch = self.batch_at(start)
+        else:
+            if self._thread is None:
+                self._start_prefetch()
+            got_start, batch = self._queue.get()
+            if isinstance(batch, BaseException):
+                self._stop_prefetch()
+                raise batch
+            if got_start != start:  # only possible if the prefetch thread outlived a reset
+                raise RuntimeError(f"prefetched batch at sample {got_start}, expected {start}")
+        self._samples_consumed = start + self.global_batch
+        return batch
+
+    def _start_prefetch(self) -> None:
+        self._queue = queue.Queue(maxsize=self.prefetch)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._produce, args=(self._samples_consumed, self._queue, self._stop),
+            name=f"token-prefetch-r{self.dp_rank}", daemon=True,
+        )
+        self._thread.start()
+
+    def _produce(self, start: int, out: queue.Queue, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                item = (start, self.batch_at(start))
+            except Exception as e:  # handed to the consumer, who raises it where the step can see it
+                item = (start, e)
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item[1], BaseException):
+                return
+            start += self.global_batch
+
+    def _stop_prefetch(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            log.warning("token prefetch thread did not stop within 30 s")
+        self._thread = self._queue = self._stop = None
+
+    def close(self) -> None:
+        """Stop the prefetch thread and unmap the shards."""
+        self._stop_prefetch()
+        for stream in self._streams:
+            stream.close()
+        self._closed = True
+
+    def __enter__(self) -> "TokenLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

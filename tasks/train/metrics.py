@@ -1,0 +1,129 @@
+"""Training metrics: per-step JSONL (always) and TensorBoard (if installed), MFU against a device
+peak, and peak memory.
+
+MFU = tokens/s × FLOPs per token / (world size × peak FLOP/s per device), with FLOPs per token
+= 6·N + 12·L·H·Q·T (ModelConfig.flops_per_token). The peak comes from a catalogue of dense bf16
+rates for accelerators and from a measured matmul rate on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import time
+from functools import cache
+
+import torch
+from fsspec.implementations.local import LocalFileSystem
+
+from tasks import datasets as contract
+
+log = logging.getLogger(__name__)
+
+# Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s. Longer names
+# first: "H100 PCIe" must match before "H100".
+GPU_PEAK_BF16 = [
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM
+    ("H200", 989e12),
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("B100", 1750e12),
+    ("A100", 312e12),
+    ("A10G", 70e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("MI300X", 1307e12),
+]
+
+
+@cache
+def measured_cpu_flops(size: int = 512, seconds: float = 0.2) -> float:
+    """fp32 matmul rate of this process on CPU (with its current thread count), FLOP/s.
+
+    CPUs have no meaningful data-sheet peak for PyTorch; the best matmul rate measured here is the
+    honest denominator for MFU on a laptop.
+    """
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm up
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, 2 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def device_peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple[str, float]:
+    """(device name, peak FLOP/s per device). Unknown GPUs fall back to the H100 figure with a warning."""
+    if device.type == "cpu":
+        return "cpu", measured_cpu_flops()
+    name = torch.cuda.get_device_name(device)
+    for key, peak in GPU_PEAK_BF16:
+        if key in name:
+            break
+    else:
+        key, peak = "unknown", 989e12
+        log.warning("no peak FLOP/s known for GPU %r; assuming %.0f TFLOP/s for MFU", name, peak / 1e12)
+    # fp32 matmuls run as TF32 on tensor cores at half the bf16 rate.
+    return name, peak if dtype in (torch.bfloat16, torch.float16) else peak / 2
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, world_size: int, peak_flops: float) -> float:
+    return tokens_per_s * flops_per_token / (world_size * peak_flops)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak allocated accelerator memory, or peak resident memory of this process on CPU, in GiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+class MetricsLogger:
+    """Appends one JSON object per step to ``<run_dir>/metrics.jsonl``; only the writing rank opens it.
+
+    Append mode works on local and memory filesystems; object stores without append need a local
+    run directory for metrics (checkpoints may still go anywhere).
+    """
+
+    def __init__(self, run_dir: str, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self.url = contract.join(contract.normalize_url(run_dir), "metrics.jsonl")
+        self._file = None
+        self._tb = None
+        if not enabled:
+            return
+        fs, path = contract.filesystem(self.url)
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        self._file = fs.open(path, "a")
+        if isinstance(fs, LocalFileSystem):
+            self._tb = _maybe_tensorboard(path.rsplit("/", 1)[0] + "/tb")
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+        if self._tb is not None and "step" in record:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _maybe_tensorboard(log_dir: str):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional; JSONL is the record of the run
+        return None
+    return SummaryWriter(log_dir)

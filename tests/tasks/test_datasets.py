@@ -1,0 +1,139 @@
+"""The dataset contract: fingerprints, atomic shards, manifest last, shard-level idempotency."""
+
+import json
+
+import pytest
+
+from tasks import datasets
+from tasks.datasets import Stats
+
+
+def write_rows(rows: list[str]):
+    def write(f) -> int:
+        f.write("\n".join(rows).encode())
+        return len(rows)
+
+    return write
+
+
+@pytest.fixture(params=["memory", "file"])
+def root(request, tmp_path):
+    if request.param == "memory":
+        import fsspec
+
+        fs = fsspec.filesystem("memory")
+        fs.store.clear()
+        fs.pseudo_dirs.clear()
+        fs.pseudo_dirs.append("")
+        return "memory://smelt-test"
+    return f"file://{tmp_path}"
+
+
+def test_fingerprint_changes_with_config_inputs_and_code_only():
+    base = datasets.fingerprint("ingest", {"a": 1}, ["x"], "v1")
+    assert base == datasets.fingerprint("ingest", {"a": 1}, ["x"], "v1")
+    assert base != datasets.fingerprint("ingest", {"a": 2}, ["x"], "v1")
+    assert base != datasets.fingerprint("ingest", {"a": 1}, ["y"], "v1")
+    assert base != datasets.fingerprint("ingest", {"a": 1}, ["x"], "v2")
+    assert base != datasets.fingerprint("dedup", {"a": 1}, ["x"], "v1")
+
+
+def test_stage_url_is_root_stage_fingerprint():
+    assert datasets.stage_url("memory://r", "dedup", "abc") == "memory://r/dedup/abc"
+    assert datasets.stage_url("/tmp/r/", "dedup", "abc") == "file:///tmp/r/dedup/abc"
+
+
+def test_stats_add_key_by_key_and_sum():
+    total = sum([Stats({"a": 1, "dropped.x": 2}), Stats({"a": 3, "b": 1})])
+    assert total == {"a": 4, "dropped.x": 2, "b": 1}
+    assert total.with_prefix("dropped.") == {"x": 2}
+
+
+def test_dataset_without_manifest_is_not_complete(root):
+    url = datasets.join(root, "ds")
+    datasets.write_shard(url, "part-0.txt", write_rows(["a", "b"]))
+    assert datasets.read_manifest(url) is None
+    with pytest.raises(datasets.DatasetError, match="incomplete"):
+        datasets.open_dataset(url)
+
+
+def test_commit_writes_manifest_last_with_checksums_and_lineage(root):
+    url = datasets.join(root, "ds")
+    shard = datasets.write_shard(url, "part-0.txt", write_rows(["a", "b", "c"]))
+    manifest = datasets.commit(url, "documents", "fp1", [shard], Stats({"dropped.short": 2}),
+                               inputs=["file:///in.warc"], config={"k": 1})
+    again = datasets.open_dataset(url, kind="documents")
+    assert again.rows == 3 and again.shards[0].sha256 == shard.sha256
+    assert again.stats == {"dropped.short": 2}
+    assert again.lineage["inputs"] == [{"url": "file:///in.warc"}]
+    assert again.lineage["config"] == {"k": 1} and "python" in again.lineage["software"]
+    assert datasets.verify(manifest) == []
+
+
+def test_verify_reports_a_corrupted_shard(root):
+    url = datasets.join(root, "ds")
+    shard = datasets.write_shard(url, "part-0.txt", write_rows(["abc"]))
+    manifest = datasets.commit(url, "documents", "fp", [shard], {})
+    fs, path = datasets.filesystem(datasets.shard_url(manifest, shard))
+    fs.pipe_file(path, b"abd")  # same size, one byte flipped
+    assert datasets.verify(manifest) == ["part-0.txt"]
+
+
+def test_open_dataset_of_wrong_kind_is_an_error(root):
+    url = datasets.join(root, "ds")
+    datasets.commit(url, "tokens", "fp", [], {})
+    with pytest.raises(datasets.DatasetError, match="expected 'documents'"):
+        datasets.open_dataset(url, kind="documents")
+
+
+def test_missing_dataset_error_names_the_url(root):
+    with pytest.raises(datasets.DatasetError, match="no dataset at .*nowhere"):
+        datasets.open_dataset(datasets.join(root, "nowhere"))
+
+
+def test_failed_write_leaves_no_shard_and_no_temporary(root):
+    url = datasets.join(root, "ds")
+
+    def explode(f) -> int:
+        f.write(b"partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        datasets.write_shard(url, "part-0.txt", explode)
+    fs, path = datasets.filesystem(url)
+    assert not fs.exists(path) or fs.ls(path) == []
+
+
+def test_run_shard_reuses_a_finished_shard_and_redoes_a_corrupted_one(root):
+    url = datasets.join(root, "ds")
+    calls = []
+
+    def work() -> datasets.ShardResult:
+        calls.append(1)
+        shard = datasets.write_shard(url, "part-0.txt", write_rows(["x", "y"]))
+        return datasets.ShardResult([shard], Stats({"docs": 2}))
+
+    first = datasets.run_shard(url, "part-0", work)
+    second = datasets.run_shard(url, "part-0", work)
+    assert len(calls) == 1 and second.stats["shards_reused"] == 1
+    assert second.shards[0].sha256 == first.shards[0].sha256
+
+    fs, path = datasets.filesystem(datasets.join(url, "part-0.txt"))
+    fs.pipe_file(path, b"tampered")
+    third = datasets.run_shard(url, "part-0", work)
+    assert len(calls) == 2 and third.shards[0].sha256 == first.shards[0].sha256
+
+
+def test_manifest_round_trips_through_json():
+    m = datasets.Manifest("tokens", "fp", [datasets.ShardInfo("a", 1, 2, "h", {"split": "val"})], {"x": 1},
+                          {"inputs": []}, {"dtype": "uint16"})
+    assert datasets.Manifest.from_json(m.to_json()) == m
+    assert json.loads(m.to_json())["kind"] == "tokens"
+
+
+def test_raw_input_fingerprint_changes_when_the_file_changes(tmp_path):
+    f = tmp_path / "a.warc"
+    f.write_bytes(b"one")
+    before = datasets.raw_input_fingerprints([str(f)])
+    f.write_bytes(b"three")
+    assert datasets.raw_input_fingerprints([str(f)]) != before
