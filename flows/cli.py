@@ -88,12 +88,26 @@ def run(
     _emit(result, as_json, lambda r: render_run_summary(r, Console()))
 
 
+def _check_inputs(section: str, inputs: list[str]) -> None:
+    """Fail fast, before any flow starts, on inputs that do not exist or are not complete datasets."""
+    from tasks import datasets
+
+    if section == "ingest":
+        from tasks.ingest.readers import expand_inputs
+
+        expand_inputs(inputs)
+    else:
+        for url in inputs:
+            datasets.open_dataset(url, kind="documents")
+
+
 def _stage_command(flow_fn, section: str, inputs: list[str], output: Optional[str], root: str,
                    config: Optional[Path], set_: Optional[list[str]], as_json: bool, **kwargs) -> None:
     from flows.config import section as config_section
     from flows.summary import render_stage
 
     cfg = _config(config, set_)
+    _check_inputs(section, inputs)
     result = flow_fn(inputs=inputs, root=root, config=config_section(cfg, section), output=output, **kwargs)
     _emit(result, as_json, lambda r: render_stage(r, Console()))
 

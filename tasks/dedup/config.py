@@ -34,7 +34,8 @@ class DedupConfig:
     num_buckets: int = 0  # shuffle partitions; 0 = enough that each holds about records_per_bucket
     records_per_bucket: int = 2_000_000  # band-key records grouped in memory by one work item
     max_bucket_fanout: int = 32  # in a band bucket, each document is compared with at most this many others
-    signature_batch: int = 4096  # shingles hashed per NumPy batch (keeps the work matrix in cache)
+    signature_batch: int = 4096  # shingles permuted per NumPy batch (keeps the P × batch matrix in cache)
+    text_batch: int = 2048  # documents normalised and shingled together (bounds Python word lists)
     clusters_per_shard: int = 100_000  # rows per shard of the clusters dataset
     keep_work: bool = False  # keep ``_work/`` (signatures, band keys, edges) after the stage commits
 
@@ -60,9 +61,8 @@ class DedupConfig:
             raise ValueError("dedup.false_positive_weight and dedup.false_negative_weight must be non-negative")
         if not 0.0 < self.max_miss_at_threshold < 1.0:
             raise ValueError(f"dedup.max_miss_at_threshold must be in (0, 1), got {self.max_miss_at_threshold}")
-        for name in ("num_buckets",):
-            if getattr(self, name) < 0:
-                raise ValueError(f"dedup.{name} must be non-negative")
-        for name in ("records_per_bucket", "max_bucket_fanout", "signature_batch", "clusters_per_shard"):
+        if self.num_buckets < 0:
+            raise ValueError("dedup.num_buckets must be non-negative (0 = derived from the corpus size)")
+        for name in ("records_per_bucket", "max_bucket_fanout", "signature_batch", "text_batch", "clusters_per_shard"):
             if getattr(self, name) < 1:
                 raise ValueError(f"dedup.{name} must be at least 1")

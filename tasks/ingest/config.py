@@ -244,6 +244,9 @@ class ReaderConfig:
     # Payloads larger than this are skipped without being held in memory (dropped.read_too_large).
     max_payload_bytes: int = 20 * 1024 * 1024
     charset_detection_bytes: int = 64 * 1024  # bytes given to charset detection when headers don't say
+    # A damaged page is kept with its undecodable bytes replaced when they are at most this share of
+    # its characters; more means the charset is wrong (then detected) or the payload is not text.
+    max_replacement_frac: float = 0.01
 
     def __post_init__(self) -> None:
         formats = ("auto", "warc", "wet", "jsonl", "parquet")
@@ -251,6 +254,7 @@ class ReaderConfig:
             raise ValueError(f"reader.format must be one of {', '.join(formats)}, got {self.format!r}")
         if self.max_payload_bytes < 1 or self.charset_detection_bytes < 1:
             raise ValueError("reader.max_payload_bytes and reader.charset_detection_bytes must be positive")
+        _check_fraction("reader.max_replacement_frac", self.max_replacement_frac)
 
 
 @dataclasses.dataclass

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 LABEL_PREFIX = "__label__"
 SHIPPED_MODEL = "lid.176.ftz"
 
-_models: dict[str, Any] = {}
+_models: dict[tuple[str, str], Any] = {}  # (url, stamp) -> model
 _models_lock = threading.Lock()
 
 
@@ -52,8 +52,20 @@ def shipped_lid_model_path() -> str:
     )
 
 
-def local_model_file(url: str) -> str:
-    """A local path for the model at ``url``: local files as they are, remote ones copied once."""
+def model_fingerprint(url: str) -> str:
+    """Stamp of the model file's identity (URL, size, modification time or ETag).
+
+    Steps record it at construction, so a model retrained to the same URL is loaded afresh by
+    long-lived workers instead of being served from the process cache.
+    """
+    fs, path = datasets.filesystem(url)
+    if not fs.exists(path):
+        raise ValueError(f"no fastText model at {datasets.normalize_url(url)}: check the configured model path or URL")
+    return datasets.raw_input_fingerprints([url])[0]
+
+
+def local_model_file(url: str, stamp: str = "") -> str:
+    """A local path for the model at ``url``: local files as they are, remote ones copied once per stamp."""
     url = datasets.normalize_url(url)
     if url.startswith("file://"):
         path = url[len("file://"):]
@@ -65,24 +77,25 @@ def local_model_file(url: str) -> str:
         raise ValueError(f"no fastText model at {url}: check the configured model URL")
     cache_dir = os.path.join(tempfile.gettempdir(), "smelt-models")
     os.makedirs(cache_dir, exist_ok=True)
-    local = os.path.join(cache_dir, hashlib.sha256(url.encode()).hexdigest()[:16] + "-" + os.path.basename(path))
-    if not os.path.exists(local):
+    key = hashlib.sha256(f"{url}\n{stamp}".encode()).hexdigest()[:16]
+    local = os.path.join(cache_dir, f"{key}-{os.path.basename(path)}")
+    if not stamp or not os.path.exists(local):  # without a stamp the content may have changed
         tmp = f"{local}.{os.getpid()}.tmp"
         fs.get(path, tmp)
         os.replace(tmp, local)
     return local
 
 
-def load_fasttext_model(url: str) -> Any:
-    """The fastText model at ``url``, loaded once per process."""
+def load_fasttext_model(url: str, stamp: str = "") -> Any:
+    """The fastText model at ``url`` (identified by ``stamp``, see model_fingerprint), loaded once per process."""
     with _models_lock:
-        model = _models.get(url)
+        model = _models.get((url, stamp))
         if model is None:
             import fasttext
 
-            path = local_model_file(url)
+            path = local_model_file(url, stamp)
             log.info("loading fastText model %s", path)
-            model = _models[url] = fasttext.load_model(path)
+            model = _models[(url, stamp)] = fasttext.load_model(path)
         return model
 
 
@@ -108,13 +121,17 @@ class LanguageFilter(ProseFilter):
     def __init__(self, cfg: LangIdConfig):
         self.cfg = cfg
         self.enabled = cfg.enabled
-        if not cfg.model_path:
-            shipped_lid_model_path()  # fail early, in the driver, when the model is missing
+        # Fail early, in the driver, when the model is missing. The shipped file never changes.
+        if cfg.model_path:
+            self.model_stamp = model_fingerprint(cfg.model_path)
+        else:
+            shipped_lid_model_path()
+            self.model_stamp = ""
         self.keep_languages = frozenset(cfg.keep_languages)
 
     def label(self, docs: list[Document]) -> None:
         # resolved in each process: a Dask worker's site-packages may live elsewhere than the driver's
-        model = load_fasttext_model(self.cfg.model_path or shipped_lid_model_path())
+        model = load_fasttext_model(self.cfg.model_path or shipped_lid_model_path(), self.model_stamp)
         labels, probs = predict_top(model, [d.text for d in docs])
         for doc, (lang,), (score,) in zip(docs, labels, probs):
             doc.lang = lang

@@ -10,6 +10,7 @@ shard has ``rows = 0`` and ``Manifest.rows`` is the dataset's token count.
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -66,7 +67,7 @@ def join_documents(encoded: list[list[int]], eos_id: int, bos_id: int | None, dt
     Returns (tokens, starts): ``starts[i]`` is where document ``i`` begins in ``tokens``.
     """
     lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
-    flat = np.fromiter((t for ids in encoded for t in ids), dtype=dtype, count=int(lengths.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=dtype, count=int(lengths.sum()))
     ends = np.cumsum(lengths)
     tokens = np.insert(flat, ends, eos_id)  # one EOS after each document
     if bos_id is not None:

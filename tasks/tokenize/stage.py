@@ -28,8 +28,8 @@ SPLITS = ("train", "val")
 
 
 @functools.lru_cache(maxsize=2)
-def _tokenizer(url: str) -> Tokenizer:
-    """One parsed tokenizer per worker process (a 128k vocabulary takes a while to parse)."""
+def _tokenizer(url: str, sha256: str) -> Tokenizer:
+    """One parsed tokenizer per worker process and file content (a 128k vocabulary parses slowly)."""
     return load_tokenizer(url)
 
 
@@ -50,13 +50,13 @@ class _SplitBuffer:
         return np.concatenate(self.tokens), np.concatenate(self.starts)
 
 
-def tokenize_shard(item: tuple[int, str], output_url: str, cfg: TokenizeConfig) -> datasets.ShardResult:
+def tokenize_shard(item: tuple[int, str], output_url: str, cfg: TokenizeConfig, tokenizer_sha256: str) -> datasets.ShardResult:
     """Encode document shard ``item = (n, url)`` into the train/val token shards numbered ``n``.
 
     Stats: ``docs.in``, ``docs.<split>``, ``tokens.<split>``, ``bytes.text``, ``dropped.empty_text``.
     """
     number, url = item
-    tokenizer = _tokenizer(datasets.join(output_url, TOKENIZER_FILE))
+    tokenizer = _tokenizer(datasets.join(output_url, TOKENIZER_FILE), tokenizer_sha256)
     ids = special_ids(tokenizer, cfg)
     bos_id = ids["bos_id"] if cfg.add_bos else None
     dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
@@ -88,8 +88,9 @@ def tokenize_shard(item: tuple[int, str], output_url: str, cfg: TokenizeConfig) 
     return datasets.ShardResult(shards, stats)
 
 
-def _run_item(item: tuple[int, str], output_url: str, cfg: TokenizeConfig) -> datasets.ShardResult:
-    return datasets.run_shard(output_url, f"docs-{item[0]:05d}", lambda: tokenize_shard(item, output_url, cfg))
+def _run_item(item: tuple[int, str], output_url: str, cfg: TokenizeConfig, tokenizer_sha256: str) -> datasets.ShardResult:
+    work = functools.partial(tokenize_shard, item, output_url, cfg, tokenizer_sha256)
+    return datasets.run_shard(output_url, f"docs-{item[0]:05d}", work)
 
 
 def _copy_tokenizer(tokenizer_url: str, output_url: str) -> str:
@@ -123,7 +124,7 @@ def run_tokenize(
     ids = special_ids(tokenizer, cfg)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     items = [(n, datasets.shard_url(m, s)) for n, (m, s) in enumerate(document_shards(inputs))]
-    work = functools.partial(_run_item, output_url=output_url, cfg=cfg)
+    work = functools.partial(_run_item, output_url=output_url, cfg=cfg, tokenizer_sha256=tokenizer_sha256)
     results = map_fn(work, items, label="tokenize")
     stats = sum((r.stats for r in results), datasets.Stats())
     stats.add("shards.in", len(items))

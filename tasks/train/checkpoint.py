@@ -43,6 +43,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+# The fsspec storage classes are not re-exported by torch.distributed.checkpoint (torch 2.13).
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -88,14 +90,14 @@ def storage_writer(url: str) -> dcp.StorageWriter:
     url = datasets.normalize_url(url)
     if url.startswith("file://"):
         return dcp.FileSystemWriter(datasets.filesystem(url)[1], sync_files=True, overwrite=True)
-    return dcp.FsspecWriter(url, sync_files=True, overwrite=True)
+    return FsspecWriter(url, sync_files=True, overwrite=True)
 
 
 def storage_reader(url: str) -> dcp.StorageReader:
     url = datasets.normalize_url(url)
     if url.startswith("file://"):
         return dcp.FileSystemReader(datasets.filesystem(url)[1])
-    return dcp.FsspecReader(url)
+    return FsspecReader(url)
 
 
 def _step_dirs(run_dir_url: str) -> dict[int, str]:
@@ -284,8 +286,9 @@ class CheckpointManager:
 
     ``meta`` passed to ``maybe_save`` is stored in the manifest (JSON only); the manager adds
     ``step``, ``world_size``, ``config_fingerprint`` and ``model_prefix`` (where the model's weights
-    sit, for export). ``tokens``, ``loss``, ``layout`` and ``model_config`` are expected from the
-    trainer. ``config_fingerprint`` must cover what may not change across a resume (model, data,
+    sit, for export). ``tokens``, ``loss``, ``layout`` and ``model`` (the ModelConfig as a dict,
+    which export and eval need) are expected from the trainer; ``config`` (the run config) goes
+    to the manifest's lineage. ``config_fingerprint`` must cover what may not change across a resume (model, data,
     tokenizer, global batch) and not the parallel layout. ``blocked_s`` sums the seconds training
     was blocked by checkpointing (metrics, goodput).
     """
@@ -343,7 +346,11 @@ class CheckpointManager:
             meta_json = json.loads(json.dumps(meta))
         except (TypeError, ValueError) as e:
             raise ValueError(f"checkpoint meta must be JSON-able (plain numbers, strings, lists, dicts): {e}") from e
+        if self._pending is not None and not self._pending.commit.done():
+            log.warning("checkpoint step %d waits for step %d to finish writing; raise checkpoint.interval_steps",
+                        step, self._pending.step)
         self._finish_pending()
+        write_started = time.monotonic()
         url = step_url(self.run_dir_url, step)
         if self.rank == 0:
             self._uncommit(url)
@@ -354,7 +361,7 @@ class CheckpointManager:
         if self.cfg.async_mode == "off":
             metadata = dcp.save(app_state, storage_writer=writer, process_group=self._group,
                                 no_dist=not self._distributed)
-            self._commit(step, url, _done_future(metadata), started, meta_json)
+            self._commit(step, url, _done_future(metadata), write_started, meta_json)
             commit = _done_future()
         else:
             response = dcp.async_save(
@@ -367,7 +374,7 @@ class CheckpointManager:
                 staging, upload = response.staging_completion, response.upload_completion
             else:
                 upload = response
-            commit = self._committer.submit(self._commit, step, url, upload, started, meta_json)
+            commit = self._committer.submit(self._commit, step, url, upload, write_started, meta_json)
         self._pending = _PendingSave(step, staging, commit)
         self._last_step, self._last_time = step, time.monotonic()
         blocked = time.monotonic() - started
@@ -384,13 +391,19 @@ class CheckpointManager:
         pending.staging.result()
         self.blocked_s += time.monotonic() - started
 
-    def close(self) -> None:
-        """Wait for the in-flight save to commit and release the stager and the commit thread."""
+    def wait_for_commit(self) -> None:
+        """Block until the in-flight save has committed (or raise why it did not)."""
         started = time.monotonic()
         try:
             self._finish_pending()
         finally:
             self.blocked_s += time.monotonic() - started
+
+    def close(self) -> None:
+        """Wait for the in-flight save to commit and release the stager and the commit thread."""
+        try:
+            self.wait_for_commit()
+        finally:
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
@@ -566,6 +579,12 @@ class CheckpointManager:
 
 
 def _model_prefix(app_state: Mapping[str, Any]) -> str | None:
-    """Where the model's weights sit among the saved keys, so export needs no knowledge of the trainer."""
+    """Where the model's weights sit among the saved keys, so export needs no knowledge of the trainer.
+
+    A single ``ModelOptimState`` entry ``k`` puts them under ``k.model.``; otherwise an entry named
+    ``model`` holding only the model's state dict puts them under ``model.``.
+    """
     keys = [k for k, v in app_state.items() if isinstance(v, ModelOptimState)]
-    return f"{keys[0]}.model." if len(keys) == 1 else None
+    if len(keys) == 1:
+        return f"{keys[0]}.model."
+    return "model." if "model" in app_state else None

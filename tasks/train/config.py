@@ -64,6 +64,9 @@ PRESETS: dict[str, ModelConfig] = {
                       max_seq_len=8192),
     "70b": ModelConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, vocab_size=128256,
                        max_seq_len=8192),
+    # Llama 3 405B (Llama 3 paper, Table 3; ffn multiplier 1.2): the planner's calibration (infra/README.md).
+    "405b": ModelConfig(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, ffn_hidden=53248, vocab_size=128256,
+                        max_seq_len=8192),
 }
 
 

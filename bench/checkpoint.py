@@ -1,0 +1,125 @@
+"""Async checkpoint blocking time against a synchronous save of the same state, in one run.
+
+One process (a one-rank gloo group, as under torchrun), the ``125m`` preset of
+``tasks/train/model.py`` with its AdamW state (model + two moments ≈ 1.5 GB). Times:
+
+- ``sync_save_s``: DCP writing the state with ``async_mode="off"`` (the manifest's
+  ``checkpoint.write_s``: file writes and fsync, not smelt's checksums, so the baseline is not
+  flattered);
+- ``async_blocking_s``: what one training step is blocked by an async save in steady state (the
+  second save; the first also starts the writer process): the ``maybe_save`` call plus
+  ``wait_for_staging`` before the optimizer step, with the step's forward/backward in between,
+  as the trainer runs it.
+
+Prints one JSON line: params, state_mb, sync_save_s, async_blocking_s, blocking_ratio (goal
+<= 0.10), write_mb_per_s, plus the mode, the first save's blocking, the time staging takes if
+nothing overlaps it, and the step time with and without a save in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# bench/tokenize.py shadows the standard library's ``tokenize`` (imported by ``inspect``) when this
+# folder is first on the path, as it is for ``python bench/checkpoint.py``: take the folder off.
+if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+from tasks import datasets  # noqa: E402
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState, step_url  # noqa: E402
+from tasks.train.config import CheckpointConfig, preset  # noqa: E402
+from tasks.train.model import Transformer  # noqa: E402
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, before_update=None) -> float:
+    started = time.monotonic()
+    logits = model(tokens[:, :-1])
+    loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    compute_s = time.monotonic() - started
+    if before_update is not None:
+        before_update()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    return compute_s
+
+
+def timed(fn) -> float:
+    started = time.monotonic()
+    fn()
+    return time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="125m", help="model preset (default 125m, ~125M params)")
+    parser.add_argument("--mode", choices=["thread", "process"], default="process", help="async writer (default process)")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence of the overlapped step")
+    parser.add_argument("--dir", default=None, help="folder to write checkpoints in (default: a temp folder, removed)")
+    args = parser.parse_args()
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # the async writer process joins a gloo group
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    work = args.dir or tempfile.mkdtemp(prefix="smelt-bench-ckpt-")
+    try:
+        torch.manual_seed(0)
+        cfg = preset(args.preset)
+        model = Transformer(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        tokens = torch.randint(0, cfg.vocab_size, (1, args.seq_len + 1))
+        train_step(model, opt, tokens)  # creates the AdamW moments
+        step_s = train_step(model, opt, tokens)
+        app = {"model_optim": ModelOptimState(model, opt)}
+        meta = {"model": {"dim": cfg.dim}}
+
+        sync = CheckpointManager(f"{work}/sync", CheckpointConfig(async_mode="off"), rank=0, world_size=1,
+                                 config_fingerprint="bench")
+        sync.maybe_save(1, app, meta, force=True)
+        sync.close()
+        stats = datasets.read_manifest(step_url(f"{work}/sync", 1)).stats
+        sync_save_s, state_mb = stats["checkpoint.write_s"], stats["checkpoint.bytes"] / 1e6
+
+        background = CheckpointManager(f"{work}/async", CheckpointConfig(async_mode=args.mode, keep_last=1),
+                                       rank=0, world_size=1, config_fingerprint="bench")
+        blocking, step_during_save = [], []
+        for step in (2, 3):
+            call_s = timed(lambda: background.maybe_save(step, app, meta, force=True))
+            waits = []
+            step_during_save.append(train_step(model, opt, tokens, lambda: waits.append(timed(background.wait_for_staging))))
+            blocking.append(call_s + waits[0])
+            background.wait_for_commit()
+        staging_s = timed(lambda: (background.maybe_save(4, app, meta, force=True), background.wait_for_staging()))
+        background.close()
+
+        print(json.dumps({
+            "params": sum(p.numel() for p in model.parameters()),
+            "state_mb": round(state_mb, 1),
+            "sync_save_s": round(sync_save_s, 3),
+            "async_blocking_s": round(blocking[-1], 3),
+            "blocking_ratio": round(blocking[-1] / sync_save_s, 4),
+            "write_mb_per_s": round(state_mb / sync_save_s, 1),
+            "async_mode": args.mode,
+            "first_async_blocking_s": round(blocking[0], 3),
+            "staging_without_overlap_s": round(staging_s, 3),
+            "step_compute_s": round(step_s, 3),
+            "step_compute_during_save_s": round(step_during_save[-1], 3),
+        }))
+    finally:
+        dist.destroy_process_group()
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

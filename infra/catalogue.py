@@ -1,0 +1,80 @@
+"""GPU catalogue: the few numbers per accelerator that the planner needs, each overridable.
+
+Peak is dense BF16 tensor-core throughput (no 2:4 sparsity). Bandwidths are per GPU and per direction,
+in GB/s: ``nvlink_gbps`` inside a node, ``internode_gbps`` through the GPU's own NIC (400 Gb/s = 50 GB/s).
+Prices are round ballpark rates per GPU-hour for a multi-month reservation in 2025 (H100 near $2 after the
+2024 rental price drop), not quotes: pass your contract's price with ``--price``.
+Sources: NVIDIA A100, H100, H200 and HGX B200 datasheets.
+
+``compute_efficiency`` is the fraction of peak the training math reaches when nothing waits on the network
+(infra/timing.py). H100: fitted so the planner reproduces Llama 3 405B's 43% MFU on 8,192 GPUs
+(infra/calibration.py). A100: torchtitan's 51.7% MFU for Llama 3 70B with full recomputation on 64 A100s
+(docs/performance.md) means at least 0.69 of peak (51.7% × 4/3). H200 and B200 reuse the H100 figure until
+someone measures them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    label: str
+    peak_tflops: float  # dense bf16
+    memory_gb: float
+    nvlink_gbps: float
+    internode_gbps: float
+    gpus_per_node: int
+    price_per_hour: float
+    host_copy_gbps: float  # device → host copy (PCIe) for checkpoint staging
+    compute_efficiency: float  # achievable fraction of peak for the training math
+
+    @property
+    def peak_flops(self) -> float:
+        return self.peak_tflops * 1e12
+
+
+CATALOGUE: dict[str, GPU] = {
+    "a100": GPU("a100", "A100 80GB SXM", peak_tflops=312, memory_gb=80, nvlink_gbps=300, internode_gbps=25,
+                gpus_per_node=8, price_per_hour=1.20, host_copy_gbps=25, compute_efficiency=0.69),
+    "h100": GPU("h100", "H100 SXM 80GB", peak_tflops=989, memory_gb=80, nvlink_gbps=450, internode_gbps=50,
+                gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, compute_efficiency=0.54),
+    "h200": GPU("h200", "H200 SXM 141GB", peak_tflops=989, memory_gb=141, nvlink_gbps=450, internode_gbps=50,
+                gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, compute_efficiency=0.54),
+    "b200": GPU("b200", "B200 180GB (HGX)", peak_tflops=2250, memory_gb=180, nvlink_gbps=900, internode_gbps=50,
+                gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, compute_efficiency=0.54),
+}
+ALIASES = {"a100-80gb": "a100", "h100-sxm": "h100", "h100-80gb": "h100", "h200-141gb": "h200"}
+
+
+def gpu(name: str, **overrides: float) -> GPU:
+    """Catalogue entry ``name`` with any field replaced, e.g. ``gpu("h100", price_per_hour=2.4)``."""
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in CATALOGUE:
+        raise ValueError(f"unknown GPU {name!r}; choose one of {', '.join(CATALOGUE)}")
+    fields = {f.name: f for f in dataclasses.fields(GPU)}
+    for field_name, value in overrides.items():
+        if field_name not in fields or field_name in ("name", "label"):
+            numeric = ", ".join(f for f in fields if f not in ("name", "label"))
+            raise ValueError(f"unknown GPU field {field_name!r}; overridable fields: {numeric}")
+        if value <= 0 or (field_name == "compute_efficiency" and value > 1):
+            raise ValueError(f"GPU field {field_name} must be positive (efficiency at most 1), got {value}")
+    typed = {k: (int(v) if fields[k].type in (int, "int") else float(v)) for k, v in overrides.items()}
+    return dataclasses.replace(CATALOGUE[key], **typed)
+
+
+def parse_overrides(items: list[str]) -> dict[str, float]:
+    """``["memory_gb=96", "price_per_hour=2.4"]`` → ``{"memory_gb": 96.0, ...}``."""
+    out: dict[str, float] = {}
+    for item in items:
+        field_name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"GPU override {item!r} must look like field=value, e.g. memory_gb=96")
+        try:
+            out[field_name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"GPU override {item!r} needs a number after '='") from None
+    return out

@@ -1,0 +1,280 @@
+"""`smelt plan` and `smelt simulate`: typer-annotated functions that flows/cli.py registers.
+
+Both print rich tables, or exactly one JSON object with ``--json``. Bad inputs (unknown GPU or model,
+a GPU count that is not whole nodes) raise ``typer.BadParameter``: one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra.catalogue import gpu as lookup_gpu
+from infra.catalogue import parse_overrides
+from infra.memory import GB
+from infra.planner import Plan, PlanInputs, SensitivityRow, plan, sensitivity, to_dict
+from infra.reliability import LLAMA3_MTBF_GPU_HOURS, FailureAssumptions
+from infra.simulate import DISTRIBUTIONS, RunModel, percentiles, simulate
+from infra.simulate import plot as plot_simulation
+from infra.timing import PART_LABELS, TimingAssumptions
+
+ModelOpt = Annotated[str, typer.Option(help="Model preset from tasks/train/config.py (tiny … 70b, 405b).")]
+TokensOpt = Annotated[float, typer.Option(help="Training tokens.")]
+GpusOpt = Annotated[int, typer.Option(help="GPUs training at once (whole nodes; spares are added on top).")]
+GpuOpt = Annotated[str, typer.Option(help="GPU type: a100, h100, h200, b200.")]
+DaysOpt = Annotated[float, typer.Option(help="Deadline in days.")]
+BudgetOpt = Annotated[float, typer.Option(help="Budget in dollars.")]
+SeqOpt = Annotated[int, typer.Option(help="Sequence length.")]
+BatchOpt = Annotated[float, typer.Option(help="Global batch in tokens (16M = 2,048 × 8,192, as Llama 3).")]
+VocabOpt = Annotated[int, typer.Option(help="Vocabulary size for presets without one (0: the preset's).")]
+PriceOpt = Annotated[Optional[float], typer.Option(help="Dollars per GPU-hour (default: the catalogue's).")]
+EffOpt = Annotated[Optional[float], typer.Option(
+    "--efficiency", help="Fraction of peak the math reaches (default: the GPU's calibrated value).")]
+MtbfOpt = Annotated[float, typer.Option(help="Mean GPU-hours between job-stopping failures, per GPU "
+                                             "(default from Llama 3: 419 in 54 days on 16,384 GPUs).")]
+RestartOpt = Annotated[float, typer.Option(help="Minutes to detect, replace and relaunch after a failure.")]
+PlannedOpt = Annotated[float, typer.Option(help="Planned maintenance restarts per day.")]
+StorageOpt = Annotated[float, typer.Option(help="Aggregate checkpoint storage bandwidth, GB/s.")]
+GpuSetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--gpu-set", help="Override a catalogue field: field=value, e.g. memory_gb=96 (repeatable).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+
+
+def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget: float, seq_len: int,
+            global_batch_tokens: float, vocab_size: int, price: Optional[float], efficiency: Optional[float],
+            mtbf_gpu_hours: float, restart_minutes: float, planned_per_day: float, storage_gbps: float,
+            gpu_set: Optional[list[str]]) -> PlanInputs:
+    """Validate the options into PlanInputs; every user mistake becomes typer.BadParameter."""
+    try:
+        overrides = parse_overrides(gpu_set or [])
+        if price is not None:
+            overrides["price_per_hour"] = price
+        device = lookup_gpu(gpu, **overrides)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--gpu/--gpu-set/--price") from None
+    try:
+        timing = TimingAssumptions(compute=efficiency)
+        failures = FailureAssumptions(mtbf_gpu_hours=mtbf_gpu_hours, restart_minutes=restart_minutes,
+                                      planned_per_day=planned_per_day, storage_gbps=storage_gbps)
+        return PlanInputs(model=model, tokens=tokens, gpus=gpus, gpu=device, days=days, budget=budget,
+                          seq_len=seq_len, global_batch_tokens=global_batch_tokens, vocab_size=vocab_size,
+                          timing=timing, failures=failures)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def plan_command(
+    model: ModelOpt = "70b", tokens: TokensOpt = 15e12, gpus: GpusOpt = 4096, gpu: GpuOpt = "h100",
+    days: DaysOpt = 60, budget: BudgetOpt = 11e6, seq_len: SeqOpt = 8192, global_batch_tokens: BatchOpt = 2**24,
+    vocab_size: VocabOpt = 0, price: PriceOpt = None, efficiency: EffOpt = None,
+    mtbf_gpu_hours: MtbfOpt = round(LLAMA3_MTBF_GPU_HOURS), restart_minutes: RestartOpt = 10.0,
+    planned_per_day: PlannedOpt = 0.0, storage_gbps: StorageOpt = 500.0, gpu_set: GpuSetOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Pick the fastest 3D layout that fits, and say whether the run meets the deadline and the budget."""
+    inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
+                     efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set)
+    result = plan(inputs)
+    rows = sensitivity(result)
+    if json_out:
+        print(json.dumps(to_dict(result, rows)))
+        return
+    render_plan(result, rows, Console())
+
+
+def simulate_command(
+    model: ModelOpt = "70b", tokens: TokensOpt = 15e12, gpus: GpusOpt = 4096, gpu: GpuOpt = "h100",
+    days: DaysOpt = 60, budget: BudgetOpt = 11e6, seq_len: SeqOpt = 8192, global_batch_tokens: BatchOpt = 2**24,
+    vocab_size: VocabOpt = 0, price: PriceOpt = None, efficiency: EffOpt = None,
+    mtbf_gpu_hours: MtbfOpt = round(LLAMA3_MTBF_GPU_HOURS), restart_minutes: RestartOpt = 10.0,
+    planned_per_day: PlannedOpt = 0.0, storage_gbps: StorageOpt = 500.0, gpu_set: GpuSetOpt = None,
+    runs: Annotated[int, typer.Option(help="Simulated runs.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same answer).")] = 0,
+    distribution: Annotated[str, typer.Option(help="Time between failures: exponential or weibull.")] = "exponential",
+    weibull_shape: Annotated[float, typer.Option(help="Weibull shape (< 1: failures cluster).")] = 0.7,
+    plot: Annotated[Optional[Path], typer.Option(help="Write histograms of days, cost, interruptions to this PNG.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Plan, then replay the run many times with random failures: the spread of days, dollars, interruptions."""
+    if distribution not in DISTRIBUTIONS:
+        raise typer.BadParameter(f"choose one of {', '.join(DISTRIBUTIONS)}", param_hint="--distribution")
+    if runs < 1 or weibull_shape <= 0:
+        raise typer.BadParameter("--runs must be ≥ 1 and --weibull-shape > 0")
+    inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
+                     efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set)
+    result = plan(inputs)
+    summary = simulation_summary(result, runs, seed, distribution, weibull_shape, plot)
+    if json_out:
+        print(json.dumps(summary))
+        return
+    render_simulation(result, summary, Console())
+
+
+def simulation_summary(result: Plan, runs: int, seed: int, distribution: str, weibull_shape: float,
+                       plot: Optional[Path]) -> dict:
+    """The JSON answer of `smelt simulate`: verdict keys from the median run, then the distributions."""
+    out = {k: v for k, v in to_dict(result).items() if k in ("layout", "mfu", "checkpoint_interval_min", "inputs")}
+    best = result.best
+    if best is None:
+        return {**out, "feasible": False, "days": None, "gpu_hours": None, "cost_usd": None, "goodput": None,
+                "reasons": result.reasons()}
+    r, i = best.reliability, result.inputs
+    train_s = i.tokens / best.step.tokens_per_s
+    model = RunModel(work_s=train_s, interval_s=r.interval_s, blocking_s=r.checkpoint.blocking_s,
+                     commit_s=r.checkpoint.commit_s, restart_s=r.restart_s, mtbf_s=r.mtbf_s,
+                     planned_per_s=r.planned_per_s, distribution=distribution, weibull_shape=weibull_shape)
+    sim = simulate(model, runs=runs, seed=seed)
+    gpus_paid = best.layout.world + r.spare_gpus
+    cost_per_s = gpus_paid * i.gpu.price_per_hour / 3600
+    days, cost = sim.wall_s / 86400, sim.wall_s * cost_per_s
+    ok = (days <= i.days) & (cost <= i.budget)
+    if plot is not None:
+        plot_simulation(sim, str(plot), cost_per_s, i.days, i.budget)
+    p50 = float(percentiles(sim.wall_s)["p50"])
+    return {
+        **out,
+        "feasible": bool(float(ok.mean()) >= 0.5),
+        "days": round(p50 / 86400, 2),
+        "gpu_hours": round(p50 / 3600 * gpus_paid),
+        "cost_usd": round(p50 * cost_per_s),
+        "goodput": round(float(sim.goodput.mean()), 4),
+        "p_meets_deadline": round(float((days <= i.days).mean()), 4),
+        "p_within_budget": round(float((cost <= i.budget).mean()), 4),
+        "p_feasible": round(float(ok.mean()), 4),
+        "days_dist": {k: round(v, 2) for k, v in percentiles(days).items()},
+        "cost_usd_dist": {k: round(v) for k, v in percentiles(cost).items()},
+        "interruptions_dist": {k: round(v, 1) for k, v in percentiles(sim.interruptions.astype(float)).items()},
+        "closed_form": {"days": round(best.days, 2), "goodput": round(r.goodput, 4),
+                        "interruptions": round(r.interruptions(best.wall_s), 1), "cost_usd": round(best.cost)},
+        "runs": runs, "seed": seed, "distribution": distribution,
+        "weibull_shape": weibull_shape if distribution == "weibull" else None,
+        "plot": str(plot) if plot is not None else None,
+    }
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold")
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    return table
+
+
+def _money(x: float) -> str:
+    return f"${x / 1e6:,.2f}M"
+
+
+def _count(x: float) -> str:
+    """15e12 → '15T', 2e11 → '200B'."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if x >= size:
+            return f"{x / size:.3g}{unit}"
+    return f"{x:,.0f}"
+
+
+def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> None:
+    i, best = result.inputs, result.best
+    console.print(f"[bold]smelt plan[/bold]: {i.model} on {i.gpus:,} × {i.gpu.label}, {_count(i.tokens)} tokens, "
+                  f"deadline {i.days:g} days, budget {_money(i.budget)} at ${i.gpu.price_per_hour:.2f}/GPU-hour")
+    verdict = "[green]FEASIBLE[/green]" if result.feasible else "[red]NOT FEASIBLE[/red]"
+    console.print(f"verdict: {verdict}" + "".join(f"\n  - {reason}" for reason in result.reasons()))
+    if best is None:
+        _render_rejections(result, console)
+        return
+    L, r = best.layout, best.reliability
+
+    t = _table("Verdict", "", "value", "limit")
+    t.add_row("days", f"{best.days:.1f}", f"{i.days:g}")
+    t.add_row("cost", _money(best.cost), _money(i.budget))
+    t.add_row("GPU-hours (incl. spares)", f"{best.gpu_hours / 1e6:.2f}M", "")
+    t.add_row("break-even price", f"${result.break_even_price:.2f}/GPU-h", f"${i.gpu.price_per_hour:.2f}")
+    t.add_row("MFU", f"{best.step.mfu:.1%}", "")
+    t.add_row("tokens/s", f"{best.step.tokens_per_s / 1e6:.2f}M", "")
+    console.print(t)
+
+    t = _table(f"Layout: {L.name}", "", "value")
+    m = L.microbatches(i.global_seqs)
+    t.add_row("tensor parallel (in node, + sequence parallel)", str(L.tp))
+    t.add_row("pipeline stages / schedule", f"{L.pp} / {L.pp_schedule}"
+              + (f" ({L.virtual_stages} virtual)" if L.virtual_stages > 1 else ""))
+    t.add_row("data parallel: shard × replicate", f"{L.dp_shard} × {L.dp_replicate}")
+    t.add_row("ZeRO stage", str(L.zero))
+    t.add_row("micro-batch × micro-batches per step", f"{L.micro_batch} × {m} (global {i.global_seqs} seqs)")
+    t.add_row("activation checkpointing", L.activation_checkpoint)
+    console.print(t)
+    pc = L.to_parallel_config(i.global_seqs)
+    console.print("trainer: " + " ".join(f"--set parallel.{k}={v}" for k, v in dataclasses.asdict(pc).items()
+                                         if k in ("tp", "pp", "dp_shard", "dp_replicate", "pp_schedule",
+                                                  "pp_microbatches", "zero2", "activation_checkpoint")))
+
+    t = _table("Runners-up (best of each tp·pp·AC family)", "layout", "days", "MFU", "why it loses")
+    for candidate, why in result.runners_up:
+        t.add_row(candidate.layout.name, f"{candidate.days:.1f}", f"{candidate.step.mfu:.1%}", why)
+    console.print(t)
+    _render_rejections(result, console)
+
+    t = _table("Memory per GPU (busiest rank)", "", "GB")
+    for key, value in best.memory.as_dict().items():
+        t.add_row(key.removesuffix("_gb").replace("_", " "), f"{value:.1f}")
+    console.print(t)
+
+    t = _table(f"Step time ({best.step.total:.2f} s, MFU {best.step.mfu:.1%})", "", "s/step", "share")
+    for key, value in best.step.parts().items():
+        t.add_row(PART_LABELS[key], f"{value:.3f}", f"{value / best.step.total:.1%}")
+    console.print(t)
+
+    t = _table("Failures and checkpoints", "", "value")
+    t.add_row("cluster MTBF", f"{r.mtbf_s / 3600:.1f} h")
+    t.add_row("checkpoint size", f"{r.checkpoint.size_bytes / GB:,.0f} GB")
+    t.add_row("save blocks / commits after", f"{r.checkpoint.blocking_s:.1f} s / {r.checkpoint.commit_s:.1f} s")
+    t.add_row("checkpoint interval (Daly)", f"{r.interval_s / 60:.1f} min = {r.interval_steps} steps")
+    t.add_row("restart (incl. load)", f"{r.restart_s / 60:.1f} min")
+    t.add_row("expected interruptions", f"{r.interruptions(best.wall_s):.0f}")
+    t.add_row("goodput", f"{r.goodput:.1%}")
+    t.add_row("spare GPUs", f"{r.spare_gpus}")
+    console.print(t)
+
+    t = _table("Sensitivity (GPU count re-plans; the rest keep the layout)", "factor", "setting", "days",
+               "cost", "feasible")
+    for row in rows:
+        setting = row.setting + (f" → {row.layout}" if row.layout and row.layout != L.name else "")
+        t.add_row(row.factor, setting, f"{row.days:.1f}" if row.days else "-",
+                  _money(row.cost) if row.cost else "-", "yes" if row.feasible else "no")
+    console.print(t)
+
+
+def _render_rejections(result: Plan, console: Console) -> None:
+    t = _table(f"Rejected layouts ({sum(result.rejections.counts.values())} of {result.evaluated})",
+               "reason", "count", "closest example")
+    for reason, count in sorted(result.rejections.counts.items(), key=lambda kv: -kv[1]):
+        t.add_row(reason, str(count), result.rejections.examples[reason])
+    console.print(t)
+
+
+def render_simulation(result: Plan, summary: dict, console: Console) -> None:
+    i = result.inputs
+    console.print(f"[bold]smelt simulate[/bold]: {i.model} on {i.gpus:,} × {i.gpu.label}, {summary['runs']} runs, "
+                  f"{summary['distribution']} failures")
+    if result.best is None:
+        console.print("[red]no layout fits[/red]: " + "; ".join(summary["reasons"]))
+        return
+    console.print(f"layout {summary['layout']}, MFU {summary['mfu']:.1%}, checkpoint every "
+                  f"{summary['checkpoint_interval_min']:.1f} min")
+    t = _table("Distribution over runs", "", "p10", "p50", "p90", "mean", "closed form")
+    d, c, n = summary["days_dist"], summary["cost_usd_dist"], summary["interruptions_dist"]
+    cf = summary["closed_form"]
+    t.add_row("days", *(f"{d[k]:.1f}" for k in ("p10", "p50", "p90", "mean")), f"{cf['days']:.1f}")
+    t.add_row("cost", *(_money(c[k]) for k in ("p10", "p50", "p90", "mean")), _money(cf["cost_usd"]))
+    t.add_row("interruptions", *(f"{n[k]:.0f}" for k in ("p10", "p50", "p90", "mean")), f"{cf['interruptions']:.0f}")
+    console.print(t)
+    console.print(f"goodput {summary['goodput']:.1%} (closed form {cf['goodput']:.1%}); "
+                  f"P(days ≤ {i.days:g}) = {summary['p_meets_deadline']:.0%}, "
+                  f"P(cost ≤ {_money(i.budget)}) = {summary['p_within_budget']:.0%}, "
+                  f"both = {summary['p_feasible']:.0%}")
+    if summary["plot"]:
+        console.print(f"plot written to {summary['plot']}")

@@ -1,0 +1,329 @@
+"""Capacity plan: search the layouts that fit, rank them by time to train, and give a verdict.
+
+``plan(PlanInputs(...))`` answers "will this model, on this many GPUs, train on this many tokens before
+the deadline and within the budget?" with the chosen layout, the runners-up and why they lose, the memory
+and time breakdowns, the failure/checkpoint figures and a sensitivity table. Pure arithmetic: no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from infra.catalogue import CATALOGUE, GPU
+from infra.layout import AC_MODES, Layout, ModelShape, Rejection, check_shape, split_stages
+from infra.memory import GB, MemoryAssumptions, MemoryBreakdown, memory_per_rank
+from infra.reliability import FailureAssumptions, Reliability, plan_reliability
+from infra.timing import PART_LABELS, StepTime, TimingAssumptions, step_time
+from tasks.train.config import ModelConfig, preset
+
+logger = logging.getLogger(__name__)
+
+TP_DEGREES = (1, 2, 4, 8)
+PP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
+MICRO_BATCHES = (1, 2, 4, 8)
+MAX_VIRTUAL_STAGES = 16  # interleaved chunks per rank, each a whole number of layers
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    model: str = "70b"
+    tokens: float = 15e12
+    gpus: int = 4096
+    gpu: GPU = CATALOGUE["h100"]
+    days: float = 60.0
+    budget: float = 11e6
+    seq_len: int = 8192
+    global_batch_tokens: float = 2**24  # 16M tokens = 2,048 × 8,192, Llama 3's batch
+    vocab_size: int = 0  # 0: the preset's
+    timing: TimingAssumptions = field(default_factory=TimingAssumptions)
+    memory: MemoryAssumptions = field(default_factory=MemoryAssumptions)
+    failures: FailureAssumptions = field(default_factory=FailureAssumptions)
+
+    def __post_init__(self) -> None:
+        if self.gpus <= 0 or self.gpus % self.gpu.gpus_per_node:
+            raise ValueError(f"--gpus {self.gpus} must be a positive multiple of {self.gpu.gpus_per_node} "
+                             f"(GPUs per {self.gpu.label} node)")
+        for name in ("tokens", "days", "budget", "global_batch_tokens", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.global_seqs < 1:
+            raise ValueError(f"--global-batch-tokens {self.global_batch_tokens:g} is less than one sequence of "
+                             f"--seq-len {self.seq_len}")
+        self.model_config()  # unknown preset or missing vocabulary fail here, before the search
+
+    def model_config(self) -> ModelConfig:
+        cfg = preset(self.model, **({"vocab_size": self.vocab_size} if self.vocab_size else {}))
+        if not cfg.vocab_size:
+            raise ValueError(f"model preset {self.model!r} takes its vocabulary from the tokenizer; "
+                             f"pass --vocab-size")
+        return cfg
+
+    @property
+    def global_seqs(self) -> int:
+        return round(self.global_batch_tokens / self.seq_len)
+
+    @cached_property
+    def shape(self) -> ModelShape:
+        return ModelShape(self.model_config(), self.seq_len)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout that fits, with its time, failure figures and the run's totals."""
+
+    layout: Layout
+    memory: MemoryBreakdown
+    step: StepTime
+    reliability: Reliability
+    wall_s: float
+    price_per_hour: float
+
+    @property
+    def days(self) -> float:
+        return self.wall_s / 86400
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.wall_s / 3600 * (self.layout.world + self.reliability.spare_gpus)
+
+    @property
+    def cost(self) -> float:
+        return self.gpu_hours * self.price_per_hour
+
+
+@dataclass(frozen=True)
+class Rejections:
+    """Counts per reason, with the example closest to fitting."""
+
+    counts: dict[str, int]
+    examples: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Plan:
+    inputs: PlanInputs
+    best: Candidate | None
+    runners_up: list[tuple[Candidate, str]]
+    rejections: Rejections
+    evaluated: int
+
+    @property
+    def fits(self) -> bool:
+        return self.best is not None
+
+    @property
+    def meets_deadline(self) -> bool:
+        return self.fits and self.best.days <= self.inputs.days
+
+    @property
+    def within_budget(self) -> bool:
+        return self.fits and self.best.cost <= self.inputs.budget
+
+    @property
+    def feasible(self) -> bool:
+        return self.meets_deadline and self.within_budget
+
+    @property
+    def break_even_price(self) -> float | None:
+        """Highest price per GPU-hour that keeps this plan within budget."""
+        return self.inputs.budget / self.best.gpu_hours if self.fits else None
+
+    def reasons(self) -> list[str]:
+        """One sentence per failed condition (empty when feasible)."""
+        i = self.inputs
+        if not self.fits:
+            top = max(self.rejections.counts, key=self.rejections.counts.get)
+            return [f"no layout fits on {i.gpus} × {i.gpu.label}; closest: {self.rejections.examples[top]}"]
+        out = []
+        if not self.meets_deadline:
+            out.append(f"needs {self.best.days:.1f} days, deadline is {i.days:g}")
+        if not self.within_budget:
+            out.append(f"costs ${self.best.cost / 1e6:.2f}M, budget is ${i.budget / 1e6:.2f}M "
+                       f"(break-even price ${self.break_even_price:.2f}/GPU-hour)")
+        return out
+
+
+def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int):
+    """Every layout the trainer can express on ``gpus`` GPUs (see infra/layout.py for the ZeRO rules)."""
+    cfg = shape.cfg
+    for tp in TP_DEGREES:
+        for pp in PP_DEGREES:
+            if gpus % (tp * pp) or pp > cfg.n_layers:
+                continue
+            dp = gpus // (tp * pp)
+            stage_layers = split_stages(shape, pp).first_layers
+            interleaves = [v for v in range(1, MAX_VIRTUAL_STAGES + 1) if not stage_layers % v] if pp > 1 else [1]
+            shard_sizes = {dp} | {s for s in (gpus_per_node // tp * 2**i for i in range(3))
+                                  if 2 <= s < dp and dp % s == 0}
+            for dp_shard in sorted(shard_sizes):
+                for zero in ((2, 3) if pp == 1 else (1,)):
+                    for ac in AC_MODES:
+                        for mb in MICRO_BATCHES:
+                            for v in interleaves:
+                                yield Layout(tp=tp, pp=pp, dp_replicate=dp // dp_shard, dp_shard=dp_shard,
+                                             zero=zero, micro_batch=mb, activation_checkpoint=ac,
+                                             virtual_stages=v)
+
+
+def evaluate(inputs: PlanInputs, layout: Layout) -> Candidate | Rejection:
+    """Memory, time and failures of one layout, or why it cannot run."""
+    shape, gpu = inputs.shape, inputs.gpu
+    rejection = check_shape(layout, shape, gpu.gpus_per_node, inputs.global_seqs)
+    if rejection:
+        return rejection
+    memory = memory_per_rank(shape, layout, gpu, layout.microbatches(inputs.global_seqs), inputs.memory)
+    rejection = memory.rejection(layout)
+    if rejection:
+        return rejection
+    step = step_time(shape, layout, gpu, inputs.global_seqs, inputs.timing)
+    reliability = plan_reliability(layout.world, shape.cfg.num_params(), layout, gpu, step.total, inputs.failures)
+    train_s = inputs.tokens / step.tokens_per_s
+    return Candidate(layout=layout, memory=memory, step=step, reliability=reliability,
+                     wall_s=train_s / reliability.goodput, price_per_hour=gpu.price_per_hour)
+
+
+def _why_slower(candidate: Candidate, best: Candidate) -> str:
+    """The step-time part that grew the most, in words."""
+    slower = candidate.wall_s / best.wall_s - 1
+    deltas = {k: v - best.step.parts()[k] for k, v in candidate.step.parts().items()}
+    part = max(deltas, key=deltas.get)
+    if deltas[part] <= 1e-9:
+        extra = (candidate.memory.total - best.memory.total) / GB
+        return f"{slower:+.1%} time; same step time, {extra:+.1f} GB per GPU"
+    return f"{slower:+.1%} time: {deltas[part]:+.2f} s/step {PART_LABELS[part]}"
+
+
+def plan(inputs: PlanInputs) -> Plan:
+    """Evaluate every candidate layout; the fastest (then the leanest in memory) wins."""
+    gpu = inputs.gpu
+    fitting: list[Candidate] = []
+    counts: dict[str, int] = {}
+    closest: dict[str, tuple[float, str]] = {}
+    evaluated = 0
+    for layout in candidate_layouts(inputs.shape, inputs.gpus, gpu.gpus_per_node):
+        evaluated += 1
+        result = evaluate(inputs, layout)
+        if isinstance(result, Candidate):
+            fitting.append(result)
+            continue
+        counts[result.reason] = counts.get(result.reason, 0) + 1
+        if result.reason not in closest or result.excess < closest[result.reason][0]:
+            closest[result.reason] = (result.excess, result.message)
+    if not evaluated:
+        counts["layout.none_possible"] = 1
+        closest["layout.none_possible"] = (0.0, f"no tp·pp degree divides {inputs.gpus} GPUs")
+    fitting.sort(key=lambda c: (c.wall_s, c.memory.total))
+    logger.info("planner: %d layouts evaluated, %d fit", evaluated, len(fitting))
+    best = fitting[0] if fitting else None
+    runners_up, families = [], set()
+    if best:
+        families.add(_family(best.layout))
+        for candidate in fitting[1:]:
+            if _family(candidate.layout) in families:
+                continue
+            families.add(_family(candidate.layout))
+            runners_up.append((candidate, _why_slower(candidate, best)))
+            if len(runners_up) == 5:
+                break
+    return Plan(inputs=inputs, best=best, runners_up=runners_up,
+                rejections=Rejections(counts, {k: v[1] for k, v in closest.items()}), evaluated=evaluated)
+
+
+def _family(layout: Layout) -> tuple:
+    return layout.tp, layout.pp, layout.dp_replicate > 1, layout.activation_checkpoint
+
+
+@dataclass(frozen=True)
+class SensitivityRow:
+    factor: str
+    setting: str
+    layout: str | None
+    days: float | None
+    cost: float | None
+    feasible: bool
+
+
+def sensitivity(result: Plan) -> list[SensitivityRow]:
+    """Days and dollars when one assumption moves; GPU count re-plans, the others keep the chosen layout."""
+    i = result.inputs
+    rows = []
+
+    def row(factor: str, setting: str, inputs: PlanInputs, replan: bool) -> None:
+        if replan or not result.best:
+            other = plan(inputs)
+            best, ok = other.best, other.feasible
+        else:
+            best = evaluate(inputs, result.best.layout)
+            best = best if isinstance(best, Candidate) else None
+            ok = bool(best) and best.days <= inputs.days and best.cost <= inputs.budget
+        rows.append(SensitivityRow(factor, setting, best.layout.name if best else None,
+                                   best.days if best else None, best.cost if best else None, ok))
+
+    f = i.failures
+    for scale in (0.5, 2.0):
+        row("MTBF per GPU", f"{f.mtbf_gpu_hours * scale:,.0f} h",
+            dataclasses.replace(i, failures=dataclasses.replace(f, mtbf_gpu_hours=f.mtbf_gpu_hours * scale)), False)
+    for scale in (0.5, 2.0):
+        row("restart time", f"{f.restart_minutes * scale:g} min",
+            dataclasses.replace(i, failures=dataclasses.replace(f, restart_minutes=f.restart_minutes * scale)), False)
+    for scale in (0.8, 1.2):
+        gpu = dataclasses.replace(i.gpu, price_per_hour=i.gpu.price_per_hour * scale)
+        row("price", f"${gpu.price_per_hour:.2f}/GPU-h", dataclasses.replace(i, gpu=gpu), False)
+    base = i.timing.compute if i.timing.compute is not None else i.gpu.compute_efficiency
+    for scale in (0.9, 1.1):
+        value = min(1.0, base * scale)
+        row("compute efficiency", f"{value:.2f}",
+            dataclasses.replace(i, timing=dataclasses.replace(i.timing, compute=value)), False)
+    for scale in (0.5, 2.0):
+        gpus = int(i.gpus * scale)
+        row("GPU count", f"{gpus:,}", dataclasses.replace(i, gpus=gpus), True)
+    return rows
+
+
+def to_dict(result: Plan, rows: list[SensitivityRow] | None = None) -> dict:
+    """The JSON answer: the verdict keys first, then every breakdown."""
+    i, best = result.inputs, result.best
+    out = {
+        "feasible": result.feasible,
+        "layout": best.layout.name if best else None,
+        "mfu": round(best.step.mfu, 4) if best else None,
+        "days": round(best.days, 2) if best else None,
+        "gpu_hours": round(best.gpu_hours) if best else None,
+        "cost_usd": round(best.cost) if best else None,
+        "checkpoint_interval_min": round(best.reliability.interval_s / 60, 2) if best else None,
+        "goodput": round(best.reliability.goodput, 4) if best else None,
+        "reasons": result.reasons(),
+        "inputs": {"model": i.model, "tokens": i.tokens, "gpus": i.gpus, "gpu": i.gpu.name, "days": i.days,
+                   "budget": i.budget, "seq_len": i.seq_len, "global_batch_seqs": i.global_seqs,
+                   "price_per_hour": i.gpu.price_per_hour, "mtbf_gpu_hours": round(i.failures.mtbf_gpu_hours)},
+        "rejected": result.rejections.counts,
+        "layouts_evaluated": result.evaluated,
+    }
+    if best:
+        r, L = best.reliability, best.layout
+        out.update({
+            "parallel": dataclasses.asdict(L.to_parallel_config(i.global_seqs)),
+            "micro_batch": L.micro_batch,
+            "zero_stage": L.zero,
+            "tokens_per_s": round(best.step.tokens_per_s),
+            "step_s": round(best.step.total, 3),
+            "step_parts_s": {k: round(v, 4) for k, v in best.step.parts().items()},
+            "memory_gb": best.memory.as_dict(),
+            "cluster_mtbf_h": round(r.mtbf_s / 3600, 2),
+            "checkpoint_interval_steps": r.interval_steps,
+            "checkpoint_gb": round(r.checkpoint.size_bytes / GB, 1),
+            "checkpoint_blocking_s": round(r.checkpoint.blocking_s, 2),
+            "checkpoint_commit_s": round(r.checkpoint.commit_s, 2),
+            "restart_min": round(r.restart_s / 60, 2),
+            "expected_interruptions": round(r.interruptions(best.wall_s), 1),
+            "spare_gpus": r.spare_gpus,
+            "break_even_price": round(result.break_even_price, 3),
+            "runners_up": [{"layout": c.layout.name, "days": round(c.days, 2), "mfu": round(c.step.mfu, 4),
+                            "why": why} for c, why in result.runners_up],
+        })
+    if rows is not None:
+        out["sensitivity"] = [dataclasses.asdict(r) for r in rows]
+    return out

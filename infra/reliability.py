@@ -1,0 +1,136 @@
+"""Failures and checkpoints: cluster MTBF, checkpoint cost, Young/Daly interval, goodput, spares.
+
+A synchronous job stops at every interruption and resumes from the newest *committed* checkpoint. The
+trainer saves asynchronously (DESIGN.md §4): training blocks ``blocking_s`` (copy to host memory and save
+coordination) and the checkpoint commits ``commit_s`` after the save began, while training continues.
+
+Goodput closed form (exponential failures with mean M, restart R that failures may also interrupt, Daly
+2006 generalised to async saves). Progress τ is committed every τ+δ of wall time in steady state; after a
+failure the job needs R + τ + W without another failure to commit again. With B = M(e^{(R+τ+W)/M} − 1)
+the expected wall time per committed τ is A = (1 − e^{−(τ+δ)/M})(M + B), and goodput = τ / A. For
+synchronous saves (W = δ) this is Daly's M·e^{R/M}(e^{(τ+δ)/M} − 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from infra.catalogue import GPU
+from infra.layout import Layout
+
+# Llama 3 405B: 419 unexpected interruptions on 16,384 H100s in a 54-day snapshot (Llama 3 paper, §3.3.4).
+LLAMA3_MTBF_GPU_HOURS = 16_384 * 54 * 24 / 419
+
+
+@dataclass(frozen=True)
+class FailureAssumptions:
+    mtbf_gpu_hours: float = LLAMA3_MTBF_GPU_HOURS  # per GPU, counting every cause that stops the job
+    restart_minutes: float = 10.0  # detect, swap in a spare node, relaunch, rendezvous (checkpoint load added)
+    planned_per_day: float = 0.0  # maintenance restarts (Llama 3: 47 in 54 days); they lose no work
+    repair_hours: float = 48.0  # a failed node is out this long; spares cover the nodes in repair
+    spare_confidence: float = 0.99  # enough spares for this quantile of nodes in repair at once
+    storage_gbps: float = 500.0  # aggregate checkpoint storage bandwidth, GB/s, each way
+    save_coordination_s: float = 5.0  # blocking part of an async save besides the device→host copy
+    state_bytes_per_param: int = 12  # fp32 master weights + Adam m and v
+
+    def __post_init__(self) -> None:
+        for name in ("mtbf_gpu_hours", "storage_gbps", "repair_hours"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.restart_minutes < 0 or self.planned_per_day < 0 or self.save_coordination_s < 0:
+            raise ValueError("restart_minutes, planned_per_day and save_coordination_s must not be negative")
+        if not 0 < self.spare_confidence < 1:
+            raise ValueError(f"spare_confidence must be in (0, 1), got {self.spare_confidence}")
+
+
+@dataclass(frozen=True)
+class CheckpointCost:
+    size_bytes: float
+    blocking_s: float  # δ: training stops this long per save
+    commit_s: float  # W: save start → committed (W ≥ δ)
+    load_s: float  # reading it back at restart
+
+
+def checkpoint_cost(total_params: int, layout: Layout, gpu: GPU, a: FailureAssumptions) -> CheckpointCost:
+    """Every rank stages its shard to host memory, then one replica's shards stream to storage."""
+    size = a.state_bytes_per_param * total_params
+    shard = size / (layout.tp * layout.pp * layout.dp_shard)
+    blocking = a.save_coordination_s + shard / (gpu.host_copy_gbps * 1e9)
+    storage = a.storage_gbps * 1e9
+    return CheckpointCost(size_bytes=size, blocking_s=blocking, commit_s=blocking + size / storage,
+                          load_s=size * layout.dp_replicate / storage)
+
+
+def cluster_mtbf_s(gpus: int, mtbf_gpu_hours: float) -> float:
+    """Mean time between job interruptions: any one GPU's failure stops a synchronous job."""
+    return mtbf_gpu_hours * 3600 / gpus
+
+
+def young_interval(blocking_s: float, mtbf_s: float) -> float:
+    """Young (1974): τ = √(2δM)."""
+    return math.sqrt(2 * blocking_s * mtbf_s)
+
+
+def daly_interval(blocking_s: float, mtbf_s: float) -> float:
+    """Daly (2006) higher-order optimum: √(2δM)·[1 + ⅓√(δ/2M) + (δ/2M)/9] − δ for δ < 2M, else M."""
+    if blocking_s >= 2 * mtbf_s:
+        return mtbf_s
+    x = blocking_s / (2 * mtbf_s)
+    return math.sqrt(2 * blocking_s * mtbf_s) * (1 + math.sqrt(x) / 3 + x / 9) - blocking_s
+
+
+def goodput(interval_s: float, blocking_s: float, commit_s: float, restart_s: float, mtbf_s: float) -> float:
+    """Share of wall time that becomes kept training progress (closed form in the module docstring)."""
+    if commit_s < blocking_s:
+        raise ValueError("a checkpoint cannot commit before its blocking part ends (commit_s < blocking_s)")
+    m = mtbf_s
+    after_failure = m * math.expm1((restart_s + interval_s + commit_s) / m)
+    per_commit = -math.expm1(-(interval_s + blocking_s) / m) * (m + after_failure)
+    return interval_s / per_commit
+
+
+def spare_nodes(gpus: int, mtbf_gpu_hours: float, repair_hours: float, confidence: float) -> int:
+    """Smallest k with P(Poisson(nodes in repair) ≤ k) ≥ confidence; each failure takes out one node."""
+    mean = gpus / mtbf_gpu_hours * repair_hours
+    k, term = 0, math.exp(-mean)
+    cdf = term
+    while cdf < confidence:
+        k += 1
+        term *= mean / k
+        cdf += term
+    return k
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """Failure and checkpoint figures for one layout; ``goodput`` includes planned maintenance."""
+
+    mtbf_s: float
+    checkpoint: CheckpointCost
+    interval_s: float
+    interval_steps: int
+    restart_s: float
+    goodput: float
+    spare_gpus: int
+    planned_per_s: float
+
+    def interruptions(self, wall_s: float) -> float:
+        return wall_s / self.mtbf_s + wall_s * self.planned_per_s
+
+
+def plan_reliability(gpus: int, total_params: int, layout: Layout, gpu: GPU, step_s: float,
+                     a: FailureAssumptions) -> Reliability:
+    """Checkpoint every Daly-optimal interval, rounded to whole steps and never before the last save commits."""
+    mtbf = cluster_mtbf_s(gpus, a.mtbf_gpu_hours)
+    ckpt = checkpoint_cost(total_params, layout, gpu, a)
+    restart = a.restart_minutes * 60 + ckpt.load_s
+    steps = max(1, round(daly_interval(ckpt.blocking_s, mtbf) / step_s),
+                math.ceil((ckpt.commit_s - ckpt.blocking_s) / step_s))
+    tau = steps * step_s
+    planned = a.planned_per_day / 86400
+    share = goodput(tau, ckpt.blocking_s, ckpt.commit_s, restart, mtbf)
+    share *= max(0.0, 1 - planned * (restart + ckpt.commit_s))  # first order: each planned stop costs R + W
+    spares = spare_nodes(gpus, a.mtbf_gpu_hours, a.repair_hours, a.spare_confidence)
+    return Reliability(mtbf_s=mtbf, checkpoint=ckpt, interval_s=tau, interval_steps=steps, restart_s=restart,
+                       goodput=share, spare_gpus=spares * gpu.gpus_per_node, planned_per_s=planned)

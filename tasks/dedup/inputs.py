@@ -1,0 +1,134 @@
+"""What ``smelt dedup --input`` accepts: smelt documents datasets, or raw JSONL / Parquet files.
+
+Raw files need ``id`` and ``text`` fields; ``url``, ``source``, ``lang``, ``lang_score``,
+``quality_score`` and ``meta`` are taken when present. They are converted once into a documents
+dataset (one or more shards per file) named by the files' fingerprints, so a rerun reuses it.
+Records without a string ``id`` and ``text``, and lines that are not JSON, are counted in that
+dataset's stats under ``failed.dedup_input_<reason>`` and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from tasks import datasets
+from tasks.datasets import Manifest, Stats
+
+RAW_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".parquet")
+ROWS_PER_SHARD = 50_000
+
+
+def _default_staging() -> str:
+    return datasets.normalize_url(tempfile.gettempdir()) + "/smelt-dedup-inputs"
+
+
+def _raw_files(url: str) -> list[str]:
+    fs, path = datasets.filesystem(url)
+    paths = fs.glob(path) if any(c in path for c in "*?[") else [path]
+    files = sorted(p for p in paths if fs.isfile(p))
+    if not files:
+        raise datasets.DatasetError(f"no dataset or raw input file at {url}")
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return [datasets.normalize_url(f"{protocol}://{p}" if protocol != "file" else p) for p in files]
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _document_row(record: dict[str, Any]) -> dict[str, Any] | None:
+    if not isinstance(record.get("id"), str) or not isinstance(record.get("text"), str):
+        return None
+    meta = record.get("meta", {})
+    return {
+        "id": record["id"],
+        "url": str(record.get("url") or ""),
+        "source": str(record.get("source") or "web"),
+        "lang": str(record.get("lang") or ""),
+        "lang_score": _float(record.get("lang_score")),
+        "quality_score": _float(record.get("quality_score")),
+        "text": record["text"],
+        "meta": meta if isinstance(meta, str) else json.dumps(meta, sort_keys=True),
+    }
+
+
+def _records(url: str, stats: Stats) -> Iterator[dict[str, Any]]:
+    fs, path = datasets.filesystem(url)
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        with fs.open(path, "rb") as f:
+            yield from pq.read_table(f).to_pylist()
+        return
+    with fs.open(path, "rt", encoding="utf-8", errors="replace", compression="infer") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                stats.add("failed.dedup_input_bad_json")
+                continue
+            if isinstance(record, dict):
+                yield record
+            else:
+                stats.add("failed.dedup_input_not_an_object")
+
+
+def raw_to_documents(urls: list[str], staging_url: str | None = None) -> Manifest:
+    """Convert raw JSONL/Parquet files into a documents dataset (reused if already converted)."""
+    import pyarrow as pa
+
+    from tasks.dedup.stage import write_parquet
+
+    fp = datasets.fingerprint("dedup-input", {"rows_per_shard": ROWS_PER_SHARD}, datasets.raw_input_fingerprints(urls), "1")
+    out_url = datasets.join(staging_url or _default_staging(), fp)
+    existing = datasets.read_manifest(out_url)
+    if existing is not None:
+        return existing
+    stats, shards, rows = Stats(), [], []
+
+    def flush() -> None:
+        table = pa.Table.from_pylist(rows, schema=datasets.document_schema())
+        name = f"docs-{len(shards):05d}.parquet"
+        shards.append(datasets.write_shard(out_url, name, lambda f: write_parquet(table, f)))
+        rows.clear()
+
+    for url in urls:
+        for record in _records(url, stats):
+            row = _document_row(record)
+            if row is None:
+                stats.add("failed.dedup_input_missing_id_or_text")
+                continue
+            rows.append(row)
+            if len(rows) >= ROWS_PER_SHARD:
+                flush()
+        if rows:
+            flush()
+    stats.add("docs_out", sum(s.rows for s in shards))
+    return datasets.commit(out_url, "documents", fp, shards, stats, inputs=list(urls))
+
+
+def load_dedup_inputs(urls: list[str], staging_url: str | None = None) -> list[Manifest]:
+    """Manifests to pass to ``run_dedup``: each URL is a documents dataset, or raw files
+    (a file, or a glob such as ``data/*.jsonl.gz``) converted into one under ``staging_url``."""
+    manifests, raw = [], []
+    for url in urls:
+        if datasets.read_manifest(url) is not None:
+            manifests.append(datasets.open_dataset(url, kind="documents"))
+        elif url.endswith(RAW_SUFFIXES) or any(c in url for c in "*?["):
+            raw.extend(_raw_files(url))
+        else:
+            raise datasets.DatasetError(
+                f"{url} is neither a smelt documents dataset (no manifest.json) nor a raw file ending in {', '.join(RAW_SUFFIXES)}"
+            )
+    if raw:
+        manifests.append(raw_to_documents(raw, staging_url))
+    return manifests

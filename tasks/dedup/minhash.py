@@ -1,0 +1,173 @@
+"""MinHash signatures of word shingles, vectorised over a shard with NumPy.
+
+Shingles are runs of ``n`` consecutive normalised words (a document shorter than ``n`` words is
+one shingle of all its words; an empty document has none). A shingle's hash is built from its
+words' hashes, so every distinct word is hashed once per shard:
+
+    word hash   w = BLAKE2b-64(word, UTF-8), little-endian
+    shingle     h = fmix64(((w₀·M + w₁)·M + w₂)·M + …)   (mod 2⁶⁴, M odd), top 32 bits for
+                    the 32-bit schemes
+
+``hash_shingle`` computes the same value for one shingle string, so it can be passed to
+datasketch as ``hashfunc``: smelt's signatures then equal ``datasketch.MinHash(num_perm, seed,
+hashfunc=..., scheme=...)`` fed with ``shingle_strings`` — a test checks this for every scheme —
+and can be queried with datasketch's ``MinHashLSH``.
+
+Permutations (datasketch 2.x): ``affine32``/``affine64`` pre-mix the shingle hash with the
+MurmurHash3 finalizer and map it with ``a·h + b mod 2^w`` (``a`` odd); ``legacy`` is
+``(a·h + b) mod (2⁶¹ − 1)`` truncated to 32 bits. ``a``, ``b`` come from
+``numpy.random.RandomState(seed)`` exactly as datasketch draws them.
+
+Shape legend: D documents, T shingles, P permutations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+_MULT = np.uint64(0x9E3779B97F4A7C15)
+_MERSENNE = np.uint64((1 << 61) - 1)
+_MAX32 = np.uint64((1 << 32) - 1)
+_FMIX = {
+    32: (np.uint32(16), np.uint32(0x85EBCA6B), np.uint32(13), np.uint32(0xC2B2AE35), np.uint32(16)),
+    64: (np.uint64(33), np.uint64(0xFF51AFD7ED558CCD), np.uint64(33), np.uint64(0xC4CEB9FE1A85EC53), np.uint64(33)),
+}
+SCHEME_BITS = {"affine32": 32, "affine64": 64, "legacy": 32}  # width of the shingle hash fed in
+SIGNATURE_DTYPE = {"affine32": np.uint32, "affine64": np.uint64, "legacy": np.uint64}
+_EMPTY_VALUE = {"affine32": (1 << 32) - 1, "affine64": (1 << 64) - 1, "legacy": (1 << 32) - 1}
+
+
+def fmix(values: np.ndarray, bits: int) -> np.ndarray:
+    """MurmurHash3 finalizer on uint32/uint64 arrays (a bijection that avalanches every bit)."""
+    s1, m1, s2, m2, s3 = _FMIX[bits]
+    values = values ^ (values >> s1)
+    values = values * m1
+    values = values ^ (values >> s2)
+    values = values * m2
+    return values ^ (values >> s3)
+
+
+def _word_hash_bytes(word: str) -> bytes:
+    return hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
+
+
+def shingle_strings(words: list[str], n: int) -> list[str]:
+    """The shingles of one document as space-joined strings (for datasketch and for people)."""
+    if not words:
+        return []
+    if len(words) < n:
+        return [" ".join(words)]
+    return [" ".join(words[i : i + n]) for i in range(len(words) - n + 1)]
+
+
+def hash_shingle(shingle: str | bytes, bits: int = 32) -> int:
+    """Hash of one space-joined shingle, equal to what ``shard_shingle_hashes`` computes."""
+    if isinstance(shingle, bytes):
+        shingle = shingle.decode("utf-8")
+    words = shingle.split(" ")
+    h = np.frombuffer(_word_hash_bytes(words[0]), dtype="<u8").astype(np.uint64)
+    for word in words[1:]:
+        h = h * _MULT + np.frombuffer(_word_hash_bytes(word), dtype="<u8").astype(np.uint64)
+    h = fmix(h, 64)
+    return int(h[0] >> np.uint64(32)) if bits == 32 else int(h[0])
+
+
+def shard_shingle_hashes(docs_words: list[list[str]], n: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shingle hashes of every document of a shard, concatenated.
+
+    Returns ``(hashes (T,), offsets (D+1,))``: document ``d``'s shingles are
+    ``hashes[offsets[d]:offsets[d+1]]``. uint32 for ``bits=32``, uint64 for 64.
+    """
+    lengths = np.fromiter((len(w) for w in docs_words), dtype=np.int64, count=len(docs_words))
+    counts = np.where(lengths >= n, lengths - n + 1, np.minimum(lengths, 1))
+    offsets = np.zeros(len(docs_words) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    out_dtype = np.uint32 if bits == 32 else np.uint64
+    if offsets[-1] == 0:
+        return np.zeros(0, dtype=out_dtype), offsets
+
+    all_words = [w for words in docs_words for w in words]
+    vocabulary = dict.fromkeys(all_words)  # insertion-ordered distinct words
+    word_index = {w: i for i, w in enumerate(vocabulary)}
+    vocab_hashes = np.frombuffer(b"".join(map(_word_hash_bytes, vocabulary)), dtype="<u8").astype(np.uint64)
+    word_hashes = vocab_hashes[np.fromiter(map(word_index.__getitem__, all_words), np.int64, len(all_words))]
+    starts = np.zeros(len(docs_words), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+
+    # Rolling polynomial over every window of n words (windows crossing a document end are not used).
+    padded = np.concatenate([word_hashes, np.zeros(n - 1, dtype=np.uint64)])
+    windows = padded[: len(word_hashes)].copy()
+    for k in range(1, n):
+        windows *= _MULT
+        windows += padded[k : k + len(word_hashes)]
+    first_window = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
+    hashes = windows[first_window]
+
+    # A document shorter than n words is one shingle of all its words.
+    for length in range(1, n):
+        docs = np.flatnonzero(lengths == length)
+        if len(docs):
+            poly = word_hashes[starts[docs]].copy()
+            for k in range(1, length):
+                poly = poly * _MULT + word_hashes[starts[docs] + k]
+            hashes[offsets[docs]] = poly
+    hashes = fmix(hashes, 64)
+    return (hashes >> np.uint64(32)).astype(np.uint32) if bits == 32 else hashes, offsets
+
+
+def permutations(num_perm: int, seed: int, scheme: str) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) permutation parameters, drawn exactly as datasketch 2.x draws them."""
+    gen = np.random.RandomState(seed)
+    if scheme == "legacy":
+        pairs = [
+            (gen.randint(1, _MERSENNE, dtype=np.uint64), gen.randint(0, _MERSENNE, dtype=np.uint64))
+            for _ in range(num_perm)
+        ]
+        ab = np.array(pairs, dtype=np.uint64).T
+        return ab[0], ab[1]
+    dtype = SIGNATURE_DTYPE[scheme]
+    width = np.dtype(dtype).itemsize * 8
+    a = gen.randint(0, 1 << (width - 1), num_perm, dtype=dtype) * dtype(2) + dtype(1)
+    b = gen.randint(0, 1 << width, num_perm, dtype=dtype)
+    return a, b
+
+
+class MinHasher:
+    """Signatures for a shard: holds only config values, so it pickles to workers."""
+
+    def __init__(self, num_perm: int = 128, seed: int = 1, scheme: str = "affine32", batch: int = 4096):
+        self.num_perm, self.seed, self.scheme, self.batch = num_perm, seed, scheme, batch
+        self.bits = SCHEME_BITS[scheme]
+        self.dtype = SIGNATURE_DTYPE[scheme]
+        self.a, self.b = permutations(num_perm, seed, scheme)
+
+    def _permuted(self, hashes: np.ndarray) -> np.ndarray:
+        """(P, T) permuted hash values of a batch of shingle hashes (T,)."""
+        if self.scheme == "legacy":
+            values = hashes.astype(np.uint64)[None, :] * self.a[:, None] + self.b[:, None]
+            return (values % _MERSENNE) & _MAX32
+        values = fmix(hashes.astype(self.dtype), 64 if self.scheme == "affine64" else 32)
+        out = self.a[:, None] * values[None, :]
+        out += self.b[:, None]
+        return out
+
+    def signatures(self, hashes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """(D, P) signatures from ``shard_shingle_hashes`` output; a document without shingles
+        gets the empty signature (every value at its maximum), as an un-updated datasketch MinHash."""
+        n_docs = len(offsets) - 1
+        out = np.full((n_docs, self.num_perm), _EMPTY_VALUE[self.scheme], dtype=self.dtype)
+        nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
+        doc_starts = offsets[nonempty]
+        total = len(hashes)
+        # Batches of shingles may split a document; its partial minima are merged with np.minimum.
+        for lo in range(0, total, self.batch):
+            hi = min(lo + self.batch, total)
+            first = np.searchsorted(doc_starts, lo, side="right") - 1
+            last = np.searchsorted(doc_starts, hi, side="left")
+            seg_starts = np.maximum(doc_starts[first:last], lo) - lo
+            minima = np.minimum.reduceat(self._permuted(hashes[lo:hi]), seg_starts, axis=1)  # (P, docs)
+            rows = nonempty[first:last]
+            out[rows] = np.minimum(out[rows], minima.T)
+        return out

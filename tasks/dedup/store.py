@@ -1,0 +1,81 @@
+"""Per-shard arrays on disk, read back by row: signatures and shingle sets live here, not in RAM.
+
+Arrays are ``.npy`` files at fsspec URLs. Local files are memory-mapped; other stores are read
+with one ranged read per requested row, so verifying a candidate pair costs a few hundred bytes
+of I/O whatever the corpus size.
+
+A ragged array (one variable-length shingle set per document) is two files: ``<name>.npy``
+with the values concatenated and ``<name>.offsets.npy`` with D + 1 offsets.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from tasks.datasets import filesystem
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+class NpyFile:
+    """Row access to a C-ordered ``.npy`` file at any fsspec URL."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.fs, self.path = filesystem(url)
+        self.local = "file" in np.atleast_1d(self.fs.protocol)
+        if self.local:
+            self._array = np.load(self.path, mmap_mode="r")
+            self.shape, self.dtype = self._array.shape, self._array.dtype
+        else:
+            with self.fs.open(self.path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                self.shape, fortran, self.dtype = read_header(f)
+                if fortran:
+                    raise ValueError(f"{url} is Fortran-ordered; smelt writes C order")
+                self.data_offset = f.tell()
+        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """``array[index]`` for an integer index array."""
+        if self.local:
+            return np.asarray(self._array[index])
+        out = np.empty((len(index), *self.shape[1:]), dtype=self.dtype)
+        with self.fs.open(self.path, "rb") as f:
+            for i, row in enumerate(index):
+                f.seek(self.data_offset + int(row) * self.row_bytes)
+                out[i] = np.frombuffer(f.read(self.row_bytes), dtype=self.dtype).reshape(self.shape[1:])
+        return out
+
+    def span(self, start: int, end: int) -> np.ndarray:
+        """``array[start:end]``."""
+        if self.local:
+            return np.asarray(self._array[start:end])
+        with self.fs.open(self.path, "rb") as f:
+            f.seek(self.data_offset + start * self.row_bytes)
+            data = f.read((end - start) * self.row_bytes)
+        return np.frombuffer(data, dtype=self.dtype).reshape(end - start, *self.shape[1:])
+
+
+def read_npy(url: str) -> np.ndarray:
+    fs, path = filesystem(url)
+    with fs.open(path, "rb") as f:
+        return np.load(io.BytesIO(f.read()), allow_pickle=False)
+
+
+class RaggedFile:
+    """Per-document variable-length arrays (``<url>.npy`` + ``<url>.offsets.npy``)."""
+
+    def __init__(self, url: str):
+        self.values = NpyFile(url + ".npy")
+        self.offsets = read_npy(url + ".offsets.npy")
+
+    def rows(self, index: np.ndarray) -> list[np.ndarray]:
+        return [self.values.span(int(self.offsets[i]), int(self.offsets[i + 1])) for i in index]

@@ -1,0 +1,70 @@
+"""Per-rank memory: ZeRO model states as in the ZeRO paper, activations and buffers by hand."""
+
+import pytest
+
+from infra.catalogue import gpu
+from infra.layout import Layout, ModelShape
+from infra.memory import GB, MemoryAssumptions, inflight_microbatches, layer_activation_bytes, memory_per_rank, \
+    model_state_bytes
+from tasks.train.config import ModelConfig
+
+PAPER = MemoryAssumptions(grad_bytes=2)  # ZeRO paper: fp16 gradients, K = 12
+SMALL = ModelConfig(dim=1024, n_layers=4, n_heads=8, n_kv_heads=4, ffn_hidden=4096, vocab_size=8192)
+
+
+@pytest.mark.parametrize("stage, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_stages_for_7_5b_on_64_gpus_match_the_zero_paper(stage, expected_gb):
+    total = sum(model_state_bytes(7.5e9, stage, 64, PAPER))
+    assert round(total / GB, 1) == expected_gb
+
+
+def test_zero_stage_formulas_hold_exactly():
+    psi, n = 7.5e9, 64
+    assert sum(model_state_bytes(psi, 1, n, PAPER)) == pytest.approx(4 * psi + 12 * psi / n)
+    assert sum(model_state_bytes(psi, 2, n, PAPER)) == pytest.approx(2 * psi + 14 * psi / n)
+    assert sum(model_state_bytes(psi, 3, n, PAPER)) == pytest.approx(16 * psi / n)
+    with pytest.raises(ValueError, match="ZeRO stage must be"):
+        model_state_bytes(psi, 4, n)
+
+
+def test_layer_activations_count_gathered_inputs_whole_and_the_rest_sharded():
+    full, kept = layer_activation_bytes(ModelShape(SMALL, 512), tp=2)
+    # 4h whole + (8h + 4kv + 8f)/t = 4096 + (8192 + 2048 + 32768)/2; full recompute keeps 2h/t
+    assert full == 4096 + 21504
+    assert kept == 1024
+
+
+def test_memory_breakdown_matches_a_hand_computed_zero3_case():
+    layout = Layout(tp=2, pp=1, dp_replicate=1, dp_shard=4, zero=3, micro_batch=2)
+    mem = memory_per_rank(ModelShape(SMALL, 512), layout, gpu("h100"), microbatches=1)
+    # layer 15,730,688 params; embedding 8,388,608; output 8,389,632 → 79,700,992 / tp 2 = 39,850,496
+    assert mem.params == 2 * 39_850_496 / 4
+    assert mem.grads == 4 * 39_850_496 / 4
+    assert mem.optimizer == 12 * 39_850_496 / 4
+    assert mem.fsdp_buffers == 15_730_688 / 2 * (2 * 2 + 4)  # two gathered bf16 layers + one fp32 gradient
+    assert mem.activations == 4 * 25_600 * 1024  # 4 layers × bytes/token × (2 × 512) tokens
+    assert mem.logits == 1024 * 8192 / 2 * 8
+    assert mem.usable == 72e9 and mem.fits
+
+
+def test_full_recomputation_keeps_inputs_plus_one_layer():
+    shape = ModelShape(SMALL, 512)
+    layout = Layout(tp=2, pp=1, dp_replicate=1, dp_shard=4, zero=3, micro_batch=2, activation_checkpoint="full")
+    mem = memory_per_rank(shape, layout, gpu("h100"), microbatches=1)
+    assert mem.activations == (4 * 1024 + 25_600) * 1024
+
+
+def test_pipeline_first_stage_holds_pp_microbatches_and_interleaving_adds_more():
+    one_f_one_b = Layout(tp=1, pp=4, dp_replicate=1, dp_shard=2, zero=1, micro_batch=1)
+    interleaved = Layout(tp=1, pp=4, dp_replicate=1, dp_shard=2, zero=1, micro_batch=1, virtual_stages=2)
+    assert inflight_microbatches(one_f_one_b, 8) == 4
+    assert inflight_microbatches(one_f_one_b, 2) == 2
+    assert inflight_microbatches(interleaved, 8) == 4 * (1 + 3 / 8)
+
+
+def test_a_layout_that_does_not_fit_says_by_how_much():
+    layout = Layout(tp=1, pp=1, dp_replicate=1, dp_shard=8, zero=3, micro_batch=8)
+    mem = memory_per_rank(ModelShape(SMALL, 8192), layout, gpu("h100", memory_gb=8), microbatches=1)
+    rejection = mem.rejection(layout)
+    assert not mem.fits and rejection.reason == "memory.exceeds_capacity"
+    assert "GB usable" in rejection.message and rejection.excess == pytest.approx(mem.total - mem.usable)

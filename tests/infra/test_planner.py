@@ -1,0 +1,102 @@
+"""The planner's search, verdict and sensitivity, including the 70B / 15T / 4,096 H100 question."""
+
+import dataclasses
+
+import pytest
+
+from infra.catalogue import gpu
+from infra.layout import Layout
+from infra.planner import Candidate, PlanInputs, evaluate, plan, sensitivity, to_dict
+
+
+@pytest.fixture(scope="module")
+def question():
+    """70B, 15T tokens, 4,096 H100s, 60 days, $11M: the issue's question with default assumptions."""
+    return plan(PlanInputs(model="70b", tokens=15e12, gpus=4096, gpu=gpu("h100"), days=60, budget=11e6))
+
+
+def test_70b_question_is_feasible_with_a_tp8_pipelined_layout(question):
+    best = question.best
+    assert question.feasible and question.reasons() == []
+    assert best.layout.tp == 8 and best.layout.pp > 1 and best.layout.world == 4096
+    assert 0.38 <= best.step.mfu <= 0.43  # Llama 3's published 38-43% band
+    assert 45 < best.days < 60 and 9e6 < best.cost < 11e6
+    assert 0.9 < best.reliability.goodput < 1
+    assert 5 * 60 < best.reliability.interval_s < 30 * 60
+
+
+def test_chosen_layout_fits_and_beats_every_runner_up(question):
+    best = question.best
+    assert best.memory.total <= best.memory.usable
+    assert question.runners_up and all(c.wall_s >= best.wall_s for c, _ in question.runners_up)
+    assert all("s/step" in why or "GB per GPU" in why for _, why in question.runners_up)
+    assert question.rejections.counts["memory.exceeds_capacity"] > 0
+
+
+def test_cost_counts_spares_and_the_break_even_price_meets_the_budget(question):
+    best = question.best
+    assert best.gpu_hours == pytest.approx(best.wall_s / 3600 * (4096 + best.reliability.spare_gpus))
+    assert best.reliability.spare_gpus > 0
+    assert best.gpu_hours * question.break_even_price == pytest.approx(11e6)
+
+
+def test_a_tight_budget_or_deadline_is_reported_with_numbers(question):
+    poor = plan(dataclasses.replace(question.inputs, budget=5e6, days=30))
+    assert not poor.feasible and poor.best is not None
+    reasons = " ".join(poor.reasons())
+    assert "deadline is 30" in reasons and "budget is $5.00M" in reasons and "break-even price" in reasons
+
+
+def test_no_layout_fits_a_405b_model_on_one_node():
+    result = plan(PlanInputs(model="405b", tokens=1e12, gpus=8, days=1000, budget=1e12))
+    assert not result.fits and not result.feasible
+    assert result.rejections.counts["memory.exceeds_capacity"] > 0
+    assert "no layout fits" in result.reasons()[0] and to_dict(result)["layout"] is None
+
+
+def test_user_mistakes_are_one_sentence_errors():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        PlanInputs(gpus=100)
+    with pytest.raises(ValueError, match="unknown model preset 'huge'"):
+        PlanInputs(model="huge")
+    with pytest.raises(ValueError, match="pass --vocab-size"):
+        PlanInputs(model="tiny", gpus=8)
+    with pytest.raises(ValueError, match="less than one sequence"):
+        PlanInputs(global_batch_tokens=100)
+
+
+def test_layouts_the_batch_cannot_feed_are_rejected_with_a_reason():
+    inputs = PlanInputs(model="8b", gpus=64, tokens=1e9)
+    too_wide = Layout(tp=1, pp=1, dp_replicate=1, dp_shard=64, zero=3, micro_batch=64)
+    result = evaluate(inputs, too_wide)
+    assert result.reason == "layout.batch_indivisible" and "2048 sequences" in result.message
+    assert isinstance(evaluate(inputs, Layout(tp=1, pp=1, dp_replicate=1, dp_shard=64, zero=3, micro_batch=1,
+                                              activation_checkpoint="full")), Candidate)
+
+
+def test_chosen_layout_converts_to_the_trainers_parallel_config(question):
+    layout = question.best.layout
+    pc = layout.to_parallel_config(question.inputs.global_seqs)
+    assert (pc.tp, pc.pp, pc.dp_shard * pc.dp_replicate) == (layout.tp, layout.pp, layout.dp)
+    assert pc.pp_microbatches == 2048 // layout.dp // layout.micro_batch
+    assert pc.pp_schedule == ("Interleaved1F1B" if layout.virtual_stages > 1 else "1F1B")
+
+
+def test_sensitivity_moves_the_way_it_should(question):
+    rows = {(r.factor, r.setting): r for r in sensitivity(question)}
+    by_factor = {}
+    for (factor, _), row in rows.items():
+        by_factor.setdefault(factor, []).append(row)
+    low_mtbf, high_mtbf = by_factor["MTBF per GPU"]
+    assert low_mtbf.days > question.best.days > high_mtbf.days
+    cheap, dear = by_factor["price"]
+    assert cheap.cost < question.best.cost < dear.cost and cheap.days == dear.days
+    half, double = by_factor["GPU count"]
+    assert half.days > question.best.days > double.days and "fsdp" in half.layout
+
+
+def test_json_has_the_verdict_keys(question):
+    out = to_dict(question)
+    for key in ("feasible", "layout", "mfu", "days", "gpu_hours", "cost_usd", "checkpoint_interval_min", "goodput"):
+        assert out[key] is not None
+    assert out["parallel"]["tp"] == 8 and out["memory_gb"]["total_gb"] <= out["memory_gb"]["usable_gb"]

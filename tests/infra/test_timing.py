@@ -1,0 +1,82 @@
+"""FLOPs per token against the formula; step time parts against hand computation."""
+
+import pytest
+
+from infra.catalogue import gpu
+from infra.layout import Layout, ModelShape, split_stages
+from infra.timing import TimingAssumptions, step_time
+from tasks.train.config import PRESETS
+
+
+def test_70b_parameters_and_flops_per_token_match_the_formula():
+    cfg = PRESETS["70b"]
+    assert cfg.num_params() == 70_553_706_496
+    non_embedding = 69_503_033_344
+    assert cfg.num_params(include_embedding=False) == non_embedding
+    assert cfg.flops_per_token(8192) == 6 * non_embedding + 12 * 80 * 64 * 128 * 8192 == 481_442_709_504
+
+
+def test_layer_and_output_flops_add_up_to_the_model_flops():
+    shape = ModelShape(PRESETS["405b"], 8192)
+    assert 126 * shape.layer_flops + shape.output_flops == pytest.approx(shape.flops_per_token)
+
+
+def test_stage_split_moves_a_layer_off_the_stage_with_the_output_projection():
+    split = split_stages(ModelShape(PRESETS["405b"], 8192), 16)
+    assert (split.first_layers, split.last_layers) == (8, 6)
+    assert 15 * split.first_layers + split.last_layers >= 126
+
+
+def test_one_gpu_without_communication_runs_at_the_compute_efficiency():
+    shape = ModelShape(PRESETS["125m"], 2048)
+    step = step_time(shape, Layout(1, 1, 1, 1, 3, 1), gpu("h100"), global_seqs=4, a=TimingAssumptions(compute=0.5))
+    assert step.tp_comm == step.dp_comm == step.bubble == step.pp_comm == 0
+    assert step.mfu == pytest.approx(0.5)
+
+
+def test_full_recomputation_costs_one_more_forward_of_the_layers():
+    shape = ModelShape(PRESETS["125m"], 2048)
+    step = step_time(shape, Layout(1, 1, 1, 1, 3, 1, "full"), gpu("h100"), 4, TimingAssumptions(compute=0.5))
+    expected = 0.5 * shape.flops_per_token / (shape.flops_per_token + 12 * shape.layer_flops / 3)
+    assert step.mfu == pytest.approx(expected)
+
+
+def test_tensor_parallel_traffic_is_eight_ring_collectives_per_layer_over_nvlink():
+    shape, h100 = ModelShape(PRESETS["70b"], 8192), gpu("h100")
+    layout = Layout(tp=8, pp=1, dp_replicate=1, dp_shard=512, zero=3, micro_batch=1)
+    step = step_time(shape, layout, h100, global_seqs=2048)  # 4 micro-batches per rank
+    per_layer = 8 * 7 / 8 * (8192 * 8192 * 2) / (450e9 * 0.8)
+    assert step.tp_comm == pytest.approx(4 * 80 * per_layer)
+
+
+def test_pipeline_bubble_is_p_minus_1_over_v_slots():
+    shape = ModelShape(PRESETS["8b"], 4096)
+    for v in (1, 2, 4):
+        layout = Layout(tp=2, pp=4, dp_replicate=1, dp_shard=2, zero=1, micro_batch=1, virtual_stages=v)
+        step = step_time(shape, layout, gpu("h100"), global_seqs=16)  # m = 8
+        slots = step.compute + step.recompute + step.tp_comm + step.pp_comm
+        assert step.bubble / slots == pytest.approx(3 / v / 8)
+
+
+def test_mfu_is_model_flops_over_peak_times_time():
+    shape, h100 = ModelShape(PRESETS["70b"], 8192), gpu("h100")
+    layout = Layout(tp=8, pp=4, dp_replicate=1, dp_shard=128, zero=1, micro_batch=1, virtual_stages=7)
+    step = step_time(shape, layout, h100, 2048)
+    assert step.mfu * step.total * 4096 * 989e12 == pytest.approx(2048 * 8192 * shape.flops_per_token)
+    assert step.tokens_per_s == pytest.approx(2048 * 8192 / step.total)
+
+
+def test_more_fsdp_traffic_than_compute_is_exposed():
+    shape = ModelShape(PRESETS["8b"], 8192)
+    slow_network = gpu("h100", internode_gbps=1)
+    layout = Layout(tp=1, pp=1, dp_replicate=1, dp_shard=64, zero=3, micro_batch=1)
+    fast = step_time(shape, layout, gpu("h100"), 64)
+    slow = step_time(shape, layout, slow_network, 64)
+    assert slow.dp_comm > 10 * fast.dp_comm and slow.compute == fast.compute
+
+
+def test_bad_efficiency_is_rejected():
+    with pytest.raises(ValueError, match="efficiency compute"):
+        TimingAssumptions(compute=1.5)
+    with pytest.raises(ValueError, match="overlap dp_overlap"):
+        TimingAssumptions(dp_overlap=-0.1)

@@ -1,0 +1,130 @@
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tasks import datasets
+from tasks.dedup.config import DedupConfig
+from tasks.dedup.inputs import load_dedup_inputs
+from tasks.dedup.stage import run_dedup
+from tests.tasks.dedup.corpus import NAN, read_ids, substitute, words, write_documents
+
+A = words(1)
+B = words(2)
+C = words(3)
+SHARDS = [
+    [
+        ("a", " ".join(A), 0.5),
+        ("a-copy", " ".join(A).upper().replace(" ", " ,  ") + "!", 0.9),  # same text once normalised
+        ("a-near", " ".join(substitute(A, [50])), 0.7),  # Jaccard 91/101 = 0.90
+        ("b", " ".join(B), NAN),
+        ("c", " ".join(C), 0.1),
+    ],
+    [
+        ("b-near", " ".join(substitute(B, [10])), 0.3),
+        ("a-far", " ".join(substitute(A, list(range(3, 100, 7)))), 0.99),  # 14 edits: far below 0.8
+        ("empty", "?!", NAN),
+        ("null", None, NAN),
+        ("c-copy", " ".join(C), 0.1),
+    ],
+]
+
+
+def _run(tmp_url: str, **cfg):
+    manifest = write_documents(tmp_url + "/in", SHARDS)
+    return run_dedup([manifest], tmp_url + "/out", DedupConfig(**cfg), fingerprint="dedup-fp")
+
+
+def test_exact_and_near_duplicates_are_removed_and_order_is_kept():
+    out = _run("memory://stage-basic")
+    assert out.kind == "documents"
+    assert [s.name for s in out.shards] == ["docs-00000.parquet", "docs-00001.parquet"]
+    assert read_ids(out) == [["a-copy", "c"], ["b-near", "a-far", "empty", "null"]]
+    stats = out.stats
+    assert (stats["docs_in"], stats["docs_out"]) == (10, 6)
+    assert stats["dropped.dedup_exact"] == 2  # a (a-copy has higher quality), c-copy (same quality, larger id)
+    assert stats["dropped.dedup_near"] == 2  # a-near, b (NaN quality ranks below b-near's 0.3)
+    assert stats["dedup.clusters"] == 3
+    assert stats["dedup.cluster_size.3-4"] == 1 and stats["dedup.cluster_size.2"] == 2
+    assert stats["dedup.null_text"] == 1 and stats["dedup.no_shingles"] == 2
+    assert stats["dedup.verified_pairs"] == 2 and stats["dedup.exact_pairs"] == 2
+    assert stats["dedup.candidate_pairs"] >= 2
+    assert out.meta["bands"] == 18 and out.meta["rows"] == 6
+    assert datasets.verify(out) == []
+
+
+def test_clusters_dataset_lists_members_kept_first_with_similarities():
+    out = _run("memory://stage-clusters")
+    clusters = datasets.open_dataset(out.meta["clusters_url"], kind="clusters")
+    fs, path = datasets.filesystem(datasets.shard_url(clusters, clusters.shards[0]))
+    rows = pq.read_table(io.BytesIO(fs.cat_file(path))).to_pylist()
+    by_kept = {r["kept"]: r for r in rows}
+    assert set(by_kept) == {"a-copy", "b-near", "c"}
+    a = by_kept["a-copy"]
+    assert a["members"] == ["a-copy", "a", "a-near"] and a["size"] == 3
+    assert a["exact"] == [True, True, False]
+    assert a["similarities"][:2] == [1.0, 1.0] and a["similarities"][2] == pytest.approx(91 / 101, abs=0.02)
+    assert by_kept["c"]["members"] == ["c", "c-copy"]
+
+
+@pytest.mark.parametrize("mode", ["signature", "none"])
+def test_other_verification_modes_agree_on_clear_cut_duplicates(mode):
+    out = _run(f"memory://stage-{mode}", verify=mode)
+    assert read_ids(out) == [["a-copy", "c"], ["b-near", "a-far", "empty", "null"]]
+
+
+def test_work_files_are_removed_after_commit_unless_kept():
+    out = _run("memory://stage-cleanup")
+    fs, path = datasets.filesystem(out.meta["url"] + "/_work")
+    assert not fs.exists(path)
+
+
+def _data_files(root: Path) -> dict[str, str]:
+    skip = ("manifest.json", ".done.json")
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith(skip)
+    }
+
+
+def test_redoing_deleted_work_gives_byte_identical_output(tmp_path):
+    out = _run(f"file://{tmp_path}", keep_work=True)
+    root = Path(tmp_path) / "out"
+    before = _data_files(root)
+    assert any(name.startswith("_work/signatures/sigs-") for name in before)
+    # A crashed worker leaves missing outputs or markers: drop some of every phase.
+    (root / "docs-00001.parquet").unlink()
+    (root / "_work/pairs/_done/bucket-00000.done.json").unlink()
+    (root / "_work/signatures/sigs-00000.npy").unlink()
+    (root / "_done/clusters.done.json").unlink()
+    again = _run(f"file://{tmp_path}", keep_work=True)
+    assert _data_files(root) == before
+    assert again.stats["docs_out"] == out.stats["docs_out"]
+    assert [s.sha256 for s in again.shards] == [s.sha256 for s in out.shards]
+
+
+def test_raw_jsonl_input_is_converted_and_bad_records_are_counted(tmp_path):
+    lines = [
+        json.dumps({"id": "x1", "text": " ".join(A), "quality_score": 0.4}),
+        "{not json",
+        json.dumps({"id": "x2", "text": " ".join(A) + "."}),
+        json.dumps({"id": "x3"}),
+        json.dumps({"id": "x4", "text": " ".join(B), "meta": {"k": 1}}),
+    ]
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("\n".join(lines) + "\n")
+    (converted,) = load_dedup_inputs([str(raw)], staging_url=f"file://{tmp_path}/staging")
+    assert converted.kind == "documents" and converted.rows == 3
+    assert converted.stats["failed.dedup_input_bad_json"] == 1
+    assert converted.stats["failed.dedup_input_missing_id_or_text"] == 1
+    out = run_dedup([converted], f"file://{tmp_path}/out", DedupConfig(), fingerprint="fp")
+    assert read_ids(out) == [["x1", "x4"]]
+
+
+def test_an_input_that_is_neither_dataset_nor_raw_file_is_a_clear_error(tmp_path):
+    with pytest.raises(datasets.DatasetError, match="neither a smelt documents dataset"):
+        load_dedup_inputs([str(tmp_path)])

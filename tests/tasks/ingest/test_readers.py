@@ -1,0 +1,311 @@
+import functools
+import gzip
+import http.server
+import random
+import re
+import threading
+import zlib
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from tasks.datasets import Stats
+from tasks.ingest.config import ReaderConfig
+from tasks.ingest.readers import InputError, expand_inputs, input_format, read_documents
+from tests.tasks.ingest.crawl_files import (
+    conversion,
+    english_warc,
+    gzip_members,
+    jsonl,
+    other_record,
+    response,
+    write,
+)
+
+HTML = b"<html><body><p>Hello there, this is a page.</p></body></html>"
+
+
+def read(url, **cfg):
+    stats = Stats()
+    docs = list(read_documents(url, ReaderConfig(**cfg), stats))
+    return docs, stats
+
+
+def reason_counts(stats):
+    return {k: v for k, v in stats.items() if k.startswith(("dropped.", "failed."))}
+
+
+# ---------------------------------------------------------------------------------------------
+# WARC
+
+
+def test_warc_response_records_become_html_documents_and_other_records_are_skipped(tmp_path):
+    records = [other_record("https://a.example/"), *english_warc(0, 2), other_record("https://a.example/", "metadata")]
+    url = write(tmp_path / "crawl.warc.gz", gzip_members(records))
+
+    docs, stats = read(url)
+
+    assert [d.url for d in docs] == ["https://news.example/story-0", "https://news.example/story-1"]
+    assert all(d.meta["format"] == "html" and d.text.startswith("<!DOCTYPE html>") for d in docs)
+    assert docs[0].meta["warc_file"] == url and docs[0].meta["charset"] == "utf-8"
+    assert stats["read.records"] == 2 and stats["read.docs"] == 2 and stats["read.other_records"] == 2
+    assert stats["bytes_in"] == (tmp_path / "crawl.warc.gz").stat().st_size
+
+
+def test_document_ids_are_deterministic_and_distinct(tmp_path):
+    url = write(tmp_path / "crawl.warc.gz", gzip_members(english_warc(0, 3)))
+    first, _ = read(url)
+    second, _ = read(url)
+    assert [d.id for d in first] == [d.id for d in second]
+    assert len({d.id for d in first}) == 3
+
+
+def test_charset_comes_from_the_http_header(tmp_path):
+    page = "<html><body><p>Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e</p></body></html>".encode("iso-8859-1")
+    url = write(tmp_path / "a.warc", response("https://a.example/", page, "text/html; charset=ISO-8859-1"))
+    (doc,), _ = read(url)
+    assert "Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e" in doc.text and doc.meta["charset"] == "iso8859-1"
+
+
+def test_charset_falls_back_to_the_meta_tag(tmp_path):
+    page = '<html><head><meta charset="windows-1251"></head><body><p>Привет, мир</p></body></html>'.encode("cp1251")
+    url = write(tmp_path / "a.warc", response("https://a.example/", page, "text/html"))
+    (doc,), _ = read(url)
+    assert "Привет, мир" in doc.text and doc.meta["charset"] == "cp1251"
+
+
+def test_a_wrong_declared_charset_is_replaced_by_detection(tmp_path):
+    text = "Съешь же ещё этих мягких французских булок, да выпей чаю. " * 20
+    page = f"<html><body><p>{text}</p></body></html>".encode("cp1251")
+    url = write(tmp_path / "a.warc", response("https://a.example/", page, "text/html; charset=utf-8"))
+    (doc,), _ = read(url)
+    assert "французских булок" in doc.text
+
+
+def test_a_few_broken_bytes_are_replaced_and_counted(tmp_path):
+    page = (HTML * 10).replace(b"Hello", b"He\xffllo", 1).replace(b"page", b"pa\xc3\x28ge", 1)
+    url = write(tmp_path / "a.warc", response("https://a.example/", page))
+    (doc,), stats = read(url)
+    assert "He\ufffdllo" in doc.text
+    assert stats["read.decoded_with_replacements"] == 1
+
+
+def test_undecodable_bytes_are_dropped_and_counted(tmp_path):
+    junk = random.Random(0).randbytes(3000) + b"\x00" * 50
+    url = write(tmp_path / "a.warc", response("https://a.example/", junk, "text/html"))
+    docs, stats = read(url)
+    assert docs == [] and reason_counts(stats) == {"dropped.read_undecodable": 1}
+
+
+def test_non_html_payloads_redirects_and_empty_records_are_dropped_with_reasons(tmp_path):
+    records = [
+        response("https://a.example/logo.png", b"\x89PNG\r\n\x1a\n" + bytes(100), "image/png"),
+        response("https://a.example/old", b"<html>moved</html>", status="301 Moved Permanently"),
+        response("https://a.example/empty", b""),
+        response("https://a.example/blank", b"  \r\n "),
+        response("https://a.example/untyped", b"plain words, no markup", content_type=None),
+        *english_warc(0, 1),
+    ]
+    url = write(tmp_path / "a.warc.gz", gzip_members(records))
+    docs, stats = read(url)
+    assert [d.url for d in docs] == ["https://news.example/story-0"]
+    assert reason_counts(stats) == {
+        "dropped.read_non_html": 2,
+        "dropped.read_http_status": 1,
+        "dropped.read_empty": 2,
+    }
+    assert stats["read.records"] == 6 == stats["read.docs"] + sum(reason_counts(stats).values())
+
+
+def test_truncated_gzip_keeps_the_complete_records_and_counts_the_truncation(tmp_path):
+    members = [gzip.compress(r, mtime=0) for r in english_warc(0, 3)]
+    whole = b"".join(members)
+    inside_last_member = len(whole) - len(members[-1]) // 2
+    url = write(tmp_path / "a.warc.gz", whole[:inside_last_member])
+    docs, stats = read(url)
+    assert [d.url for d in docs] == ["https://news.example/story-0", "https://news.example/story-1"]
+    assert reason_counts(stats) == {"failed.read_truncated_gzip": 1}
+
+
+def test_gzip_truncated_inside_a_record_header_is_still_counted(tmp_path):
+    records = english_warc(0, 2)
+    cut = len(records[0]) + 40  # inside the second record's WARC header
+    url = write(tmp_path / "a.warc.gz", gzip.compress(b"".join(records), mtime=0)[:-1])
+    docs, stats = read(url)
+    assert stats["failed.read_truncated_gzip"] == 1
+    url = write(tmp_path / "b.warc.gz", gzip.compress(b"".join(records)[:cut], mtime=0)[:-8][: cut // 3])
+    docs, stats = read(url)
+    assert stats["failed.read_truncated_gzip"] == 1
+
+
+def _lie_about_length(record: bytes, delta: int) -> bytes:
+    length = int(re.search(rb"Content-Length: (\d+)", record).group(1))
+    return record.replace(b"Content-Length: %d" % length, b"Content-Length: %d" % (length + delta), 1)
+
+
+def test_a_short_content_length_drops_that_record_and_keeps_the_rest(tmp_path):
+    first, second, third = english_warc(0, 3)
+    url = write(tmp_path / "a.warc.gz", gzip_members([first, _lie_about_length(second, -60), third]))
+    docs, stats = read(url)
+    assert [d.url for d in docs] == ["https://news.example/story-0", "https://news.example/story-2"]
+    assert reason_counts(stats) == {"failed.read_bad_record": 1}
+
+
+def test_a_long_content_length_ends_the_file_without_crashing_or_emitting_a_corrupt_record(tmp_path):
+    first, second, third = english_warc(0, 3)
+    url = write(tmp_path / "a.warc", first + _lie_about_length(second, 80) + third)
+    docs, stats = read(url)
+    assert [d.url for d in docs] == ["https://news.example/story-0"]
+    assert stats["failed.read_bad_record"] >= 1
+
+
+def test_a_content_length_past_the_end_of_file_is_counted(tmp_path):
+    first, second = english_warc(0, 2)
+    url = write(tmp_path / "a.warc", first + _lie_about_length(second, 100_000))
+    docs, stats = read(url)
+    assert [d.url for d in docs] == ["https://news.example/story-0"]
+    assert reason_counts(stats) == {"failed.read_bad_record": 1}
+
+
+def test_a_50_mb_page_is_skipped_and_the_next_record_still_read(tmp_path):
+    big = b"<html><body>" + b"<p>" + b"x" * (50 * 1024 * 1024) + b"</p></body></html>"
+    url = write(tmp_path / "a.warc.gz", gzip_members([response("https://a.example/big", big), *english_warc(0, 1)]))
+    docs, stats = read(url)
+    assert [d.url for d in docs] == ["https://news.example/story-0"]
+    assert reason_counts(stats) == {"dropped.read_too_large": 1}
+
+
+def test_wet_conversion_records_are_read_as_plain_text(tmp_path):
+    records = [conversion("https://a.example/1", "First page text.\nSecond line."), conversion("https://a.example/2", " ")]
+    url = write(tmp_path / "x.warc.wet.gz", gzip_members(records))
+    docs, stats = read(url)
+    assert [(d.url, d.text, d.meta["format"]) for d in docs] == [("https://a.example/1", "First page text.\nSecond line.", "text")]
+    assert reason_counts(stats) == {"dropped.read_empty": 1}
+
+
+def test_reads_a_warc_over_http(tmp_path):
+    write(tmp_path / "a.warc.gz", gzip_members(english_warc(0, 2)))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        (url,) = expand_inputs([f"{base}/a.warc.gz"])
+        docs, stats = read(url)
+        assert len(docs) == 2 and stats["bytes_in"] > 0
+        with pytest.raises(InputError, match="missing.warc.gz"):
+            expand_inputs([f"{base}/missing.warc.gz"])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ---------------------------------------------------------------------------------------------
+# JSONL and Parquet
+
+
+ROWS = [
+    {"id": "doc-1", "url": "https://a.example/1", "text": "First document."},
+    {"text": "No id given.", "source": "code", "meta": {"repo": "r"}},
+    "",  # blank line: not a record
+    '{"text": "unterminated',
+    {"text": "   "},
+    {"title": "no text field"},
+]
+
+
+def test_jsonl_records_become_documents_and_bad_lines_are_counted(tmp_path):
+    url = write(tmp_path / "a.jsonl", jsonl(ROWS))
+    docs, stats = read(url)
+    assert [(d.id, d.url, d.text, d.source) for d in docs[:1]] == [("doc-1", "https://a.example/1", "First document.", "web")]
+    assert docs[1].source == "code" and docs[1].meta == {"repo": "r", "format": "code"} and len(docs[1].id) == 32
+    assert reason_counts(stats) == {"failed.read_bad_record": 2, "dropped.read_empty": 1}
+    assert stats["read.records"] == 5
+
+
+def _gzip_prefix_lines(data: bytes) -> int:
+    return zlib.decompressobj(31).decompress(data).count(b"\n")
+
+
+def _zstd_prefix_lines(data: bytes) -> int:
+    return zstandard.ZstdDecompressor().decompressobj().decompress(data).count(b"\n")
+
+
+@pytest.mark.parametrize("suffix,compress,prefix_lines", [
+    (".jsonl.gz", lambda b: gzip.compress(b, mtime=0), _gzip_prefix_lines),
+    (".jsonl.zst", lambda b: zstandard.ZstdCompressor().compress(b), _zstd_prefix_lines),
+])
+def test_compressed_jsonl_is_read_and_truncation_keeps_complete_lines(tmp_path, suffix, compress, prefix_lines):
+    data = jsonl([{"text": f"document number {i} " + "x" * 200} for i in range(300)])
+    docs, _ = read(write(tmp_path / f"a{suffix}", compress(data)))
+    assert len(docs) == 300
+    cut = compress(data)[: len(compress(data)) // 2]
+    docs, stats = read(write(tmp_path / f"b{suffix}", cut))
+    kind = "gzip" if suffix.endswith(".gz") else "zstd"
+    assert len(docs) == prefix_lines(cut) < 300
+    assert reason_counts(stats) == {f"failed.read_truncated_{kind}": 1}
+
+
+def test_concatenated_zstd_frames_are_all_read(tmp_path):
+    frames = b"".join(zstandard.ZstdCompressor().compress(jsonl([{"text": f"frame {i}"}])) for i in range(3))
+    docs, stats = read(write(tmp_path / "a.jsonl.zst", frames))
+    assert [d.text for d in docs] == ["frame 0", "frame 1", "frame 2"] and reason_counts(stats) == {}
+
+
+def test_an_overlong_jsonl_line_is_skipped(tmp_path):
+    url = write(tmp_path / "a.jsonl", jsonl([{"text": "y" * 5000}, {"text": "short"}]))
+    docs, stats = read(url, max_payload_bytes=1000)
+    assert [d.text for d in docs] == ["short"] and reason_counts(stats) == {"dropped.read_too_large": 1}
+
+
+def test_parquet_rows_become_documents(tmp_path):
+    table = pa.table({"id": ["p1", None], "text": ["Parquet text.", ""], "url": ["https://p.example/", None]})
+    pq.write_table(table, tmp_path / "a.parquet")
+    docs, stats = read("file://" + str(tmp_path / "a.parquet"))
+    assert [(d.id, d.url, d.text) for d in docs] == [("p1", "https://p.example/", "Parquet text.")]
+    assert reason_counts(stats) == {"dropped.read_empty": 1}
+
+
+def test_parquet_without_text_column_and_corrupt_files_are_counted_not_raised(tmp_path):
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "a.parquet")
+    assert reason_counts(read("file://" + str(tmp_path / "a.parquet"))[1]) == {"failed.read_corrupt_file": 1}
+    url = write(tmp_path / "b.parquet", b"PAR1 this is not parquet")
+    assert reason_counts(read(url)[1]) == {"failed.read_corrupt_file": 1}
+    url = write(tmp_path / "c.warc.gz", b"not gzip at all")
+    assert reason_counts(read(url)[1]) == {"failed.read_corrupt_file": 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def test_expand_inputs_expands_globs_and_folders_and_reads_each_file_once(tmp_path):
+    for name in ("a.warc.gz", "b.jsonl", "notes.txt", "sub/c.parquet"):
+        write(tmp_path / name, b"x")
+    base = "file://" + str(tmp_path)
+    urls = expand_inputs([f"{base}/*.warc.gz", str(tmp_path), f"{base}/b.jsonl"])
+    assert urls == [f"{base}/a.warc.gz", f"{base}/b.jsonl", f"{base}/sub/c.parquet"]
+
+
+def test_expand_inputs_works_on_memory_urls():
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/readers-test/x.warc", b"x")
+    assert expand_inputs("memory://readers-test/*.warc") == ["memory:///readers-test/x.warc"]
+
+
+@pytest.mark.parametrize("bad", ["/nonexistent/crawl.warc.gz", "/nonexistent/*.warc.gz", "s3://some-bucket/crawl.warc.gz"])
+def test_an_unreadable_input_url_raises_an_error_naming_it(bad):
+    with pytest.raises(InputError, match=re.escape(bad.rsplit("/", 1)[-1])):
+        expand_inputs([bad])
+
+
+def test_a_file_of_unknown_format_raises_a_clear_error(tmp_path):
+    url = write(tmp_path / "notes.txt", b"x")
+    assert input_format(url) is None
+    with pytest.raises(InputError, match="reader.format"):
+        read(url)
+    assert input_format(url, "jsonl") == "jsonl"

@@ -1,0 +1,78 @@
+"""Tokenizer training on a document sample, loading from any URL, and the byte-exact round trip."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tasks import datasets
+from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.tokenizer import load_tokenizer, special_ids, train_tokenizer
+from tests.tasks.tokenize.conftest import TEXTS, write_documents
+
+
+def test_trained_tokenizer_is_a_dataset_with_special_tokens_first(tokenizer_dataset):
+    assert tokenizer_dataset.kind == "tokenizer"
+    assert [s.name for s in tokenizer_dataset.shards] == ["tokenizer.json"]
+    assert tokenizer_dataset.meta | {"url": ""} == {"url": "", "vocab_size": 300, "bos_id": 0, "eos_id": 1, "pad_id": 2}
+    assert tokenizer_dataset.stats == {"docs.sampled": 30, "bytes.sampled": tokenizer_dataset.stats["bytes.sampled"],
+                                       "dropped.empty_text": 1}
+    assert load_tokenizer(tokenizer_dataset.meta["url"]).get_vocab_size() == 300
+
+
+def test_training_is_deterministic(tmp_path, docs, small_cfg, tokenizer_dataset):
+    again = train_tokenizer([docs], str(tmp_path / "again"), small_cfg, fingerprint="tok")
+    assert again.shards[0].sha256 == tokenizer_dataset.shards[0].sha256
+
+
+def test_sample_docs_bounds_a_seeded_sample_spread_over_shards(tmp_path):
+    rows = [(f"d{i}", TEXTS[i % len(TEXTS)]) for i in range(400)]
+    docs = write_documents(str(tmp_path / "docs"), [rows[:200], rows[200:]], row_group_size=50)
+    cfg = TokenizeConfig(vocab_size=300, sample_docs=40, min_frequency=1)
+    a = train_tokenizer([docs], str(tmp_path / "a"), cfg, fingerprint="a").stats["docs.sampled"]
+    b = train_tokenizer([docs], str(tmp_path / "b"), cfg, fingerprint="b").stats["docs.sampled"]
+    assert a == b and 20 <= a <= 40
+
+
+@settings(max_examples=50, deadline=None)
+@given(text=st.text(max_size=200))
+def test_decode_of_encode_reproduces_any_text(tokenizer_dataset, text):
+    tokenizer = load_tokenizer(tokenizer_dataset.meta["url"])
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False).ids, skip_special_tokens=False) == text
+
+
+def test_special_token_text_in_a_document_stays_text(tokenizer_dataset):
+    tokenizer = load_tokenizer(tokenizer_dataset.meta["url"])
+    ids = tokenizer.encode("end <|eos|> here", add_special_tokens=False).ids
+    assert 1 not in ids and tokenizer.decode(ids) == "end <|eos|> here"
+
+
+def test_any_tokenizer_json_url_loads(tokenizer_dataset):
+    blob = datasets.filesystem(datasets.shard_url(tokenizer_dataset, "tokenizer.json"))[0].cat_file(
+        datasets.filesystem(datasets.shard_url(tokenizer_dataset, "tokenizer.json"))[1])
+    fs, _ = datasets.filesystem("memory://tok/elsewhere.json")
+    fs.pipe_file("/tok/elsewhere.json", blob)
+    assert load_tokenizer("memory://tok/elsewhere.json").token_to_id("<|eos|>") == 1
+
+
+def test_missing_or_wrong_tokenizer_is_a_clear_error(tmp_path, docs):
+    with pytest.raises(datasets.DatasetError, match="no tokenizer at"):
+        load_tokenizer(str(tmp_path / "nothing.json"))
+    with pytest.raises(datasets.DatasetError, match="not a tokenizer or tokens dataset"):
+        load_tokenizer(docs.meta["url"])
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(datasets.DatasetError, match="not a valid tokenizer.json"):
+        load_tokenizer(str(tmp_path / "bad.json"))
+
+
+def test_a_tokenizer_without_the_configured_eos_is_refused(tokenizer_dataset):
+    tokenizer = load_tokenizer(tokenizer_dataset.meta["url"])
+    with pytest.raises(ValueError, match="tokenize.eos_token"):
+        special_ids(tokenizer, TokenizeConfig(eos_token="</s>"))
+
+
+def test_a_corpus_of_empty_documents_cannot_train_a_tokenizer(tmp_path):
+    docs = write_documents(str(tmp_path / "docs"), [[("a", ""), ("b", None)]])
+    with pytest.raises(datasets.DatasetError, match="no non-empty documents"):
+        train_tokenizer([docs], str(tmp_path / "tok"), TokenizeConfig(), fingerprint="x")

@@ -1,0 +1,48 @@
+"""A small learnable tokens dataset for trainer tests, written in the datasets.py record format.
+
+Documents are arithmetic sequences mod ``vocab`` (random start, stride 1..4) ended by EOS, so a
+tiny model's loss falls quickly and visibly.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from tasks import datasets
+
+EOS = 0
+
+
+def make_corpus(url: str, *, tokens: int = 40_000, vocab: int = 256, seed: int = 0) -> str:
+    rng = np.random.default_rng(seed)
+    docs, total = [], 0
+    while total < tokens:
+        length = int(rng.integers(20, 120))
+        start, stride = int(rng.integers(1, vocab)), int(rng.integers(1, 5))
+        body = 1 + (start + stride * np.arange(length)) % (vocab - 1)  # never EOS
+        docs.append(np.append(body, EOS))
+        total += length + 1
+    stream = np.concatenate(docs).astype("<u2")
+    starts = np.cumsum([0] + [len(d) for d in docs[:-1]]).astype(np.int64)
+
+    def write_bin(f):
+        f.write(stream.tobytes())
+        return len(stream)
+
+    def write_idx(f):
+        buf = io.BytesIO()
+        np.save(buf, starts)
+        f.write(buf.getvalue())
+        return len(starts)
+
+    shards = [
+        datasets.write_shard(url, "train-00000.bin", write_bin, split="train", tokens=len(stream), docs=len(docs),
+                             dtype="uint16"),
+        datasets.write_shard(url, "train-00000.idx", write_idx, split="train", tokens=0, docs=len(docs),
+                             dtype="int64"),
+    ]
+    meta = {"dtype": "uint16", "vocab_size": vocab, "eos_id": EOS, "bos_id": None, "pad_id": None}
+    datasets.commit(url, "tokens", f"corpus-{seed}", shards, {"tokens": len(stream), "docs": len(docs)}, meta=meta)
+    return datasets.normalize_url(url)
