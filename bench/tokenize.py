@@ -106,7 +106,7 @@ def loader_tokens_per_s(url: str, seq_len: int, global_batch: int, seconds: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=float, default=16.0, help="megabytes of text to tokenize")
+    parser.add_argument("--mb", type=float, default=4.0, help="megabytes of text to tokenize")
     parser.add_argument("--shards", type=int, default=4, help="documents shards (stage work items)")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=2, help="timings per side; the fastest counts")

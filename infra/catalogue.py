@@ -30,6 +30,7 @@ class GPU:
     gpus_per_node: int
     price_per_hour: float
     host_copy_gbps: float  # device → host copy (PCIe) for checkpoint staging
+    hbm_tbps: float  # device memory bandwidth, TB/s (memory-bound recomputation)
     compute_efficiency: float  # achievable fraction of peak for the training math
 
     @property
@@ -39,13 +40,14 @@ class GPU:
 
 CATALOGUE: dict[str, GPU] = {
     "a100": GPU("a100", "A100 80GB SXM", peak_tflops=312, memory_gb=80, nvlink_gbps=300, internode_gbps=25,
-                gpus_per_node=8, price_per_hour=1.20, host_copy_gbps=25, compute_efficiency=0.69),
+                gpus_per_node=8, price_per_hour=1.20, host_copy_gbps=25, hbm_tbps=2.039,
+                compute_efficiency=0.69),
     "h100": GPU("h100", "H100 SXM 80GB", peak_tflops=989, memory_gb=80, nvlink_gbps=450, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, compute_efficiency=0.54),
+                gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, hbm_tbps=3.35, compute_efficiency=0.543),
     "h200": GPU("h200", "H200 SXM 141GB", peak_tflops=989, memory_gb=141, nvlink_gbps=450, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, compute_efficiency=0.54),
+                gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, hbm_tbps=4.8, compute_efficiency=0.543),
     "b200": GPU("b200", "B200 180GB (HGX)", peak_tflops=2250, memory_gb=180, nvlink_gbps=900, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, compute_efficiency=0.54),
+                gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0, compute_efficiency=0.543),
 }
 ALIASES = {"a100-80gb": "a100", "h100-sxm": "h100", "h100-80gb": "h100", "h200-141gb": "h200"}
 

@@ -6,7 +6,6 @@ a GPU count that is not whole nodes) raise ``typer.BadParameter``: one line and 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Optional
@@ -43,13 +42,15 @@ PlannedOpt = Annotated[float, typer.Option(help="Planned maintenance restarts pe
 StorageOpt = Annotated[float, typer.Option(help="Aggregate checkpoint storage bandwidth, GB/s.")]
 GpuSetOpt = Annotated[Optional[list[str]], typer.Option(
     "--gpu-set", help="Override a catalogue field: field=value, e.g. memory_gb=96 (repeatable).")]
+SchedulesOpt = Annotated[str, typer.Option(help="Pipeline schedules the search may use, comma-separated.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+ALL_SCHEDULES = "1F1B,Interleaved1F1B,ZBVZeroBubble"
 
 
 def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget: float, seq_len: int,
             global_batch_tokens: float, vocab_size: int, price: Optional[float], efficiency: Optional[float],
             mtbf_gpu_hours: float, restart_minutes: float, planned_per_day: float, storage_gbps: float,
-            gpu_set: Optional[list[str]]) -> PlanInputs:
+            gpu_set: Optional[list[str]], pp_schedules: str) -> PlanInputs:
     """Validate the options into PlanInputs; every user mistake becomes typer.BadParameter."""
     try:
         overrides = parse_overrides(gpu_set or [])
@@ -64,6 +65,7 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
                                       planned_per_day=planned_per_day, storage_gbps=storage_gbps)
         return PlanInputs(model=model, tokens=tokens, gpus=gpus, gpu=device, days=days, budget=budget,
                           seq_len=seq_len, global_batch_tokens=global_batch_tokens, vocab_size=vocab_size,
+                          pp_schedules=tuple(n.strip() for n in pp_schedules.split(",") if n.strip()),
                           timing=timing, failures=failures)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
@@ -75,11 +77,12 @@ def plan_command(
     vocab_size: VocabOpt = 0, price: PriceOpt = None, efficiency: EffOpt = None,
     mtbf_gpu_hours: MtbfOpt = round(LLAMA3_MTBF_GPU_HOURS), restart_minutes: RestartOpt = 10.0,
     planned_per_day: PlannedOpt = 0.0, storage_gbps: StorageOpt = 500.0, gpu_set: GpuSetOpt = None,
-    json_out: JsonOpt = False,
+    pp_schedules: SchedulesOpt = ALL_SCHEDULES, json_out: JsonOpt = False,
 ) -> None:
     """Pick the fastest 3D layout that fits, and say whether the run meets the deadline and the budget."""
     inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
-                     efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set)
+                     efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set,
+                     pp_schedules)
     result = plan(inputs)
     rows = sensitivity(result)
     if json_out:
@@ -94,6 +97,7 @@ def simulate_command(
     vocab_size: VocabOpt = 0, price: PriceOpt = None, efficiency: EffOpt = None,
     mtbf_gpu_hours: MtbfOpt = round(LLAMA3_MTBF_GPU_HOURS), restart_minutes: RestartOpt = 10.0,
     planned_per_day: PlannedOpt = 0.0, storage_gbps: StorageOpt = 500.0, gpu_set: GpuSetOpt = None,
+    pp_schedules: SchedulesOpt = ALL_SCHEDULES,
     runs: Annotated[int, typer.Option(help="Simulated runs.")] = 1000,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same answer).")] = 0,
     distribution: Annotated[str, typer.Option(help="Time between failures: exponential or weibull.")] = "exponential",
@@ -107,7 +111,8 @@ def simulate_command(
     if runs < 1 or weibull_shape <= 0:
         raise typer.BadParameter("--runs must be ≥ 1 and --weibull-shape > 0")
     inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
-                     efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set)
+                     efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set,
+                     pp_schedules)
     result = plan(inputs)
     summary = simulation_summary(result, runs, seed, distribution, weibull_shape, plot)
     if json_out:
@@ -166,12 +171,12 @@ def _table(title: str, *columns: str) -> Table:
 
 
 def _money(x: float) -> str:
-    return f"${x / 1e6:,.2f}M"
+    return f"${x / 1e6:,.2f}M" if x >= 1e6 else f"${x / 1e3:,.1f}k" if x >= 1e3 else f"${x:,.0f}"
 
 
 def _count(x: float) -> str:
-    """15e12 → '15T', 2e11 → '200B'."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+    """15e12 → '15T', 2e11 → '200B', 5.3e6 → '5.3M'."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if x >= size:
             return f"{x / size:.3g}{unit}"
     return f"{x:,.0f}"
@@ -191,10 +196,10 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
     t = _table("Verdict", "", "value", "limit")
     t.add_row("days", f"{best.days:.1f}", f"{i.days:g}")
     t.add_row("cost", _money(best.cost), _money(i.budget))
-    t.add_row("GPU-hours (incl. spares)", f"{best.gpu_hours / 1e6:.2f}M", "")
+    t.add_row("GPU-hours (incl. spares)", _count(best.gpu_hours), "")
     t.add_row("break-even price", f"${result.break_even_price:.2f}/GPU-h", f"${i.gpu.price_per_hour:.2f}")
     t.add_row("MFU", f"{best.step.mfu:.1%}", "")
-    t.add_row("tokens/s", f"{best.step.tokens_per_s / 1e6:.2f}M", "")
+    t.add_row("tokens/s", _count(best.step.tokens_per_s), "")
     console.print(t)
 
     t = _table(f"Layout: {L.name}", "", "value")
@@ -207,10 +212,8 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
     t.add_row("micro-batch × micro-batches per step", f"{L.micro_batch} × {m} (global {i.global_seqs} seqs)")
     t.add_row("activation checkpointing", L.activation_checkpoint)
     console.print(t)
-    pc = L.to_parallel_config(i.global_seqs)
-    console.print("trainer: " + " ".join(f"--set parallel.{k}={v}" for k, v in dataclasses.asdict(pc).items()
-                                         if k in ("tp", "pp", "dp_shard", "dp_replicate", "pp_schedule",
-                                                  "pp_microbatches", "zero2", "activation_checkpoint")))
+    overrides = L.trainer_overrides(i.global_seqs, i.seq_len)
+    console.print("trainer: " + " ".join(f"--set {k}={v}" for k, v in overrides.items()), soft_wrap=True)
 
     t = _table("Runners-up (best of each tp·pp·AC family)", "layout", "days", "MFU", "why it loses")
     for candidate, why in result.runners_up:
@@ -239,7 +242,7 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
     t.add_row("spare GPUs", f"{r.spare_gpus}")
     console.print(t)
 
-    t = _table("Sensitivity (GPU count re-plans; the rest keep the layout)", "factor", "setting", "days",
+    t = _table("Sensitivity (GPU count and schedules re-plan; the rest keep the layout)", "factor", "setting", "days",
                "cost", "feasible")
     for row in rows:
         setting = row.setting + (f" → {row.layout}" if row.layout and row.layout != L.name else "")

@@ -10,6 +10,12 @@ ZeRO stage is not a free choice everywhere; it follows what FSDP2 does in the tr
 - pp > 1: torch.distributed.pipelining keeps parameters unsharded and defers the gradient reduce-scatter
   to the last micro-batch (``PipelineStage.backward_maybe_with_nosync``), i.e. ZeRO stage 1 memory and
   one all-gather + one reduce-scatter per step.
+
+Pipeline stages follow tasks/train/pipeline.py: 1F1B (one stage per rank), Interleaved1F1B (two,
+round-robin) or ZBVZeroBubble (two, folded: rank 0 holds the first and the last stage); layers split
+as evenly as possible with the remainder on earlier stages, embeddings on the first stage and the output
+projection on the last. ``balanced_stages`` instead moves layers off the rank holding the output
+projection and allows more virtual stages, as Llama 3 did; only the calibration against Llama 3 uses it.
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ from functools import cached_property
 from tasks.train.config import ModelConfig, ParallelConfig
 
 AC_MODES = ("none", "selective", "full")
+TRAINER_SCHEDULES = {"1F1B": 1, "Interleaved1F1B": 2, "ZBVZeroBubble": 2}  # schedule → stages per rank
 
 
 @dataclass(frozen=True)
 class Layout:
-    """One candidate parallel layout. ``virtual_stages`` > 1 means the interleaved 1F1B schedule."""
+    """One candidate parallel layout; ``virtual_stages`` is the number of stages each pipeline rank runs."""
 
     tp: int
     pp: int
@@ -33,8 +40,10 @@ class Layout:
     dp_shard: int
     zero: int
     micro_batch: int
-    activation_checkpoint: str = "none"  # none | selective (every other layer) | full
+    activation_checkpoint: str = "none"  # none | selective | full, as tasks/train/parallelize.py applies them
+    pp_schedule: str = "1F1B"  # 1F1B | Interleaved1F1B | ZBVZeroBubble
     virtual_stages: int = 1
+    balanced_stages: bool = False  # Llama 3-style stage balancing (calibration only, see module doc)
 
     @property
     def dp(self) -> int:
@@ -45,18 +54,32 @@ class Layout:
         return self.tp * self.pp * self.dp
 
     @property
-    def pp_schedule(self) -> str:
-        return "Interleaved1F1B" if self.virtual_stages > 1 else "1F1B"
-
-    @property
     def name(self) -> str:
         dp = f"fsdp{self.dp_shard}" if self.dp_replicate == 1 else f"hsdp{self.dp_replicate}x{self.dp_shard}"
-        pp = f"pp{self.pp}" + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
-        return f"tp{self.tp}·{pp}·{dp}·zero{self.zero}·mb{self.micro_batch}·ac-{self.activation_checkpoint}"
+        pp = f"pp{self.pp}" + ("zbv" if self.pp_schedule == "ZBVZeroBubble" else
+                               f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+        name = f"tp{self.tp}·{pp}·{dp}·zero{self.zero}·mb{self.micro_batch}·ac-{self.activation_checkpoint}"
+        return name + ("·balanced" if self.balanced_stages else "")
+
+    def split(self, shape: ModelShape) -> StageSplit:
+        folded = self.pp_schedule == "ZBVZeroBubble"
+        return split_stages(shape, self.pp, self.virtual_stages, self.balanced_stages, folded)
 
     def microbatches(self, global_seqs: int) -> int:
         """Micro-batches per data-parallel rank per step (gradient accumulation × pipeline fill)."""
         return global_seqs // (self.dp * self.micro_batch)
+
+    def trainer_overrides(self, global_seqs: int, seq_len: int) -> dict[str, object]:
+        """``section.key`` settings that make the trainer run this layout (``smelt train --set ...``).
+        Under pp one schedule call takes the rank's whole batch (data.micro_batch = 0), cut into
+        ``pp_microbatches``; without pp, data.micro_batch sets the gradient accumulation."""
+        pc = self.to_parallel_config(global_seqs)
+        out: dict[str, object] = {f"parallel.{k}": getattr(pc, k) for k in
+                                  ("tp", "pp", "dp_shard", "dp_replicate", "pp_schedule", "pp_microbatches",
+                                   "zero2", "activation_checkpoint")}
+        out.update({"data.global_batch": global_seqs, "data.seq_len": seq_len,
+                    "data.micro_batch": 0 if self.pp > 1 else self.micro_batch})
+        return out
 
     def to_parallel_config(self, global_seqs: int) -> ParallelConfig:
         """The trainer's config for this layout (ZeRO-1 under pp is implied by pipelining, see module doc)."""
@@ -72,7 +95,7 @@ class ModelShape:
 
     cfg: ModelConfig
     seq_len: int
-    splits: dict = field(default_factory=dict, compare=False, repr=False)  # pp → StageSplit, filled lazily
+    splits: dict = field(default_factory=dict, compare=False, repr=False)  # split_stages cache
 
     @cached_property
     def layer_params(self) -> int:
@@ -105,46 +128,68 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class StageSplit:
-    """Layers on the first and last pipeline stage after balancing the output layer's cost.
-
-    ``max_flops`` is the FLOPs per token of the slowest stage: it sets the pipeline's pace. Llama 3 405B
-    balanced the same way (one layer fewer on the stage that holds the output projection).
-    """
+    """Layers per pipeline rank. ``max_flops`` (FLOPs per token of the busiest rank) sets the pipeline's
+    pace; rank 0 holds the most micro-batches in flight; ``output_rank`` holds the output projection."""
 
     first_layers: int
-    last_layers: int
+    last_layers: int  # on the output rank
+    max_layers: int
     max_flops: float
     first_params: int
     last_params: int
+    output_on_first: bool
 
     @property
     def max_params(self) -> int:
         return max(self.first_params, self.last_params)
 
 
-def split_stages(shape: ModelShape, pp: int) -> StageSplit:
-    """Split ``n_layers`` over ``pp`` stages so the slowest stage is as light as possible."""
-    if pp not in shape.splits:
-        shape.splits[pp] = _split(shape, pp)
-    return shape.splits[pp]
+def split_stages(shape: ModelShape, pp: int, virtual_stages: int = 1, balanced: bool = False,
+                 folded: bool = False) -> StageSplit:
+    """How ``n_layers`` land on ``pp`` ranks (see the module docstring for the two ways)."""
+    key = (pp, virtual_stages, balanced, folded)
+    if key not in shape.splits:
+        shape.splits[key] = (_balanced_split(shape, pp) if balanced
+                             else _even_split(shape, pp, virtual_stages, folded))
+    return shape.splits[key]
 
 
-def _split(shape: ModelShape, pp: int) -> StageSplit:
-    n = shape.cfg.n_layers
-    lf, of = shape.layer_flops, shape.output_flops
+def _stage_split(shape: ModelShape, per_rank: list[int], output_rank: int) -> StageSplit:
+    lp, lf = shape.layer_params, shape.layer_flops
+    loads = [n * lf for n in per_rank]
+    loads[output_rank] += shape.output_flops
+    params = [n * lp for n in per_rank]
+    params[0] += shape.embedding_params
+    params[output_rank] += shape.output_params
+    return StageSplit(first_layers=per_rank[0], last_layers=per_rank[output_rank], max_layers=max(per_rank),
+                      max_flops=max(loads), first_params=params[0], last_params=params[output_rank],
+                      output_on_first=output_rank == 0)
+
+
+def _even_split(shape: ModelShape, pp: int, virtual_stages: int, folded: bool) -> StageSplit:
+    """tasks/train/pipeline.py's layer_split over pp·v stages; rank r runs stages r, r+pp, … ("loop") or
+    r and 2pp−1−r ("v", folded)."""
+    stages = pp * virtual_stages
+    base, extra = divmod(shape.cfg.n_layers, stages)
+    layers = [base + (1 if s < extra else 0) for s in range(stages)]
+    if folded:
+        return _stage_split(shape, [layers[r] + layers[stages - 1 - r] for r in range(pp)], output_rank=0)
+    return _stage_split(shape, [sum(layers[r::pp]) for r in range(pp)], output_rank=pp - 1)
+
+
+def _balanced_split(shape: ModelShape, pp: int) -> StageSplit:
+    """Fewer layers on the rank holding the output projection, so the busiest rank is as light as possible."""
+    n, lf, of = shape.cfg.n_layers, shape.layer_flops, shape.output_flops
     if pp == 1:
-        params = n * shape.layer_params + shape.embedding_params + shape.output_params
-        return StageSplit(n, n, n * lf + of, params, params)
+        return _stage_split(shape, [n], output_rank=0)
     best = None
     for last in range(0, math.ceil(n / pp) + 1):
         others = math.ceil((n - last) / (pp - 1))
         load = max(others * lf, last * lf + of)
         if best is None or load < best[0]:
             best = (load, others, last)
-    load, others, last = best
-    return StageSplit(first_layers=others, last_layers=last, max_flops=load,
-                      first_params=others * shape.layer_params + shape.embedding_params,
-                      last_params=last * shape.layer_params + shape.output_params)
+    _, others, last = best
+    return _stage_split(shape, [others] * (pp - 1) + [last], output_rank=pp - 1)
 
 
 @dataclass(frozen=True)
@@ -166,8 +211,18 @@ def check_shape(layout: Layout, shape: ModelShape, gpus_per_node: int, global_se
                        ("vocab_size", cfg.vocab_size)):
         if size % layout.tp:
             return Rejection("layout.tp_indivisible", f"model {what}={size} is not divisible by tp={layout.tp}")
-    if layout.pp > cfg.n_layers:
-        return Rejection("layout.pp_exceeds_layers", f"pp={layout.pp} > {cfg.n_layers} layers")
+    if shape.seq_len % layout.tp:
+        return Rejection("layout.seq_indivisible",
+                         f"seq_len={shape.seq_len} is not divisible by tp={layout.tp} (sequence parallel)")
+    if layout.pp > 1 and cfg.tie_embeddings:
+        return Rejection("layout.tied_embeddings_with_pp", "tied embeddings cannot be split across pipeline stages")
+    if layout.pp * layout.virtual_stages > cfg.n_layers:
+        return Rejection("layout.pp_exceeds_layers",
+                         f"{layout.pp * layout.virtual_stages} pipeline stages > {cfg.n_layers} layers")
+    if not layout.balanced_stages and TRAINER_SCHEDULES.get(layout.pp_schedule) != layout.virtual_stages:
+        return Rejection("layout.schedule_unsupported",
+                         f"the trainer has no {layout.pp_schedule} schedule with {layout.virtual_stages} "
+                         f"stages per rank; it runs {TRAINER_SCHEDULES}")
     if global_seqs % (layout.dp * layout.micro_batch):
         return Rejection("layout.batch_indivisible",
                          f"global batch of {global_seqs} sequences is not divisible by "
@@ -175,9 +230,5 @@ def check_shape(layout: Layout, shape: ModelShape, gpus_per_node: int, global_se
     m = layout.microbatches(global_seqs)
     if layout.virtual_stages > 1 and m < layout.pp:
         return Rejection("layout.interleave_needs_microbatches",
-                         f"interleaved schedule needs ≥ pp={layout.pp} micro-batches, has {m}")
-    stage_layers = split_stages(shape, layout.pp).first_layers
-    if stage_layers % layout.virtual_stages:
-        return Rejection("layout.interleave_uneven", f"{stage_layers} layers per stage do not split into "
-                                                     f"{layout.virtual_stages} virtual stages")
+                         f"{layout.pp_schedule} needs ≥ pp={layout.pp} micro-batches, has {m}")
     return None

@@ -7,12 +7,21 @@ The trainer reduces gradients in fp32, so its unsharded gradient buffers cost 4 
 (``grad_bytes``); the paper's 2 reproduces its 7.5B example.
 
 Activations per layer and token, in bytes (bf16, no dropout, flash attention keeps no score matrix),
-Llama block with TP degree t and sequence parallel (DESIGN.md §4):
-- all-gathered inputs of the qkv and w1/w3 matmuls, saved whole by autograd:   4h
-- sequence-sharded norm inputs (2), q, k, v, attention output:                 (4h + 2h + 4kv + 2h)/t
-- SwiGLU: w1 and w3 outputs, silu output, their product:                        8f/t
-Full recomputation keeps only each layer's sequence-sharded input (2h/t) plus one layer's full set while
-it is recomputed (Korthikanti et al. 2022 count the same way for GPT blocks).
+Llama block with TP degree t and sequence parallel (tasks/train/parallelize.py):
+- no recomputation, what autograd saves:
+  all-gathered inputs of the qkv and w1/w3 matmuls, kept whole:              4h
+  sequence-sharded norm inputs (2), q, k, v, attention output:               (4h + 2h + 4kv + 2h)/t
+  SwiGLU: w1 and w3 outputs, silu output, their product:                     8f/t
+- selective (the trainer's policy: keep every matmul, attention and collective output, recompute
+  norms, rotary, SiLU, products and adds):
+  outputs of wo and w2 before their reduce-scatter, full sequence:           4h
+  all-gather outputs (t > 1 only), whole:                                     4h
+  block input, q, k, v, attention output, w1 and w3 outputs:                 (2h + 2h + 4kv + 2h + 4f)/t
+  reduce-scatter outputs (t > 1 only):                                       4h/t
+  (with TP this keeps more than no recomputation: the row-parallel matmul outputs are not sharded)
+- full: each layer's sequence-sharded input, 2h/t.
+A recomputing layer also holds its recomputed tensors while its backward runs (counted once).
+The counting follows Korthikanti et al. 2022 (GPT blocks), adapted to SwiGLU, GQA and torch's saves.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.catalogue import GPU
-from infra.layout import Layout, ModelShape, Rejection, split_stages
+from infra.layout import AC_MODES, Layout, ModelShape, Rejection
 
 GB = 1e9
 
@@ -81,21 +90,34 @@ def model_state_bytes(params: float, zero: int, shards: int, a: MemoryAssumption
     return p, g, o
 
 
-def layer_activation_bytes(shape: ModelShape, tp: int) -> tuple[float, float]:
-    """(all saved tensors, layer input only) per token for one layer, bytes."""
+def layer_activation_bytes(shape: ModelShape, tp: int, activation_checkpoint: str) -> float:
+    """Bytes per token one layer keeps for its backward (see the module docstring)."""
     c = shape.cfg
     h, kv, f = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
-    full = 4 * h + (8 * h + 4 * kv + 8 * f) / tp
-    return full, 2 * h / tp
+    if activation_checkpoint == "none":
+        return 4 * h + (8 * h + 4 * kv + 8 * f) / tp
+    if activation_checkpoint == "selective":
+        collectives = 4 * h + 4 * h / tp if tp > 1 else 0.0
+        return 4 * h + collectives + (6 * h + 4 * kv + 4 * f) / tp
+    if activation_checkpoint == "full":
+        return 2 * h / tp
+    raise ValueError(f"activation_checkpoint must be one of {', '.join(AC_MODES)}, got {activation_checkpoint!r}")
+
+
+def _stage_activations(shape: ModelShape, layout: Layout, layers: int, tokens: int) -> float:
+    """One micro-batch's saved activations on a stage of ``layers`` layers, plus the recompute working set."""
+    kept = layer_activation_bytes(shape, layout.tp, layout.activation_checkpoint)
+    whole = layer_activation_bytes(shape, layout.tp, "none")
+    return layers * kept * tokens + max(whole - kept, 0.0) * tokens
 
 
 def inflight_microbatches(layout: Layout, microbatches: int) -> float:
     """Micro-batches whose activations the first stage holds at its peak (1F1B warm-up; interleaving adds
-    (p-1)/(p·v), Korthikanti et al. 2022 §4.2.3)."""
+    (p-1)/(p·v), Korthikanti et al. 2022 §4.2.3; ZB-V keeps 1F1B's peak, Qi et al. 2024)."""
     if layout.pp == 1:
         return 1.0
     held = min(microbatches, layout.pp)
-    if layout.virtual_stages > 1:
+    if layout.virtual_stages > 1 and layout.pp_schedule != "ZBVZeroBubble":  # ZB-V: 1F1B's memory
         held *= 1 + (layout.pp - 1) / (layout.pp * layout.virtual_stages)
     return held
 
@@ -103,7 +125,7 @@ def inflight_microbatches(layout: Layout, microbatches: int) -> float:
 def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: int,
                     a: MemoryAssumptions = MemoryAssumptions()) -> MemoryBreakdown:
     """Peak memory of the busiest rank (first pipeline stage, or the only one)."""
-    split = split_stages(shape, layout.pp)
+    split = layout.split(shape)
     stage_params = split.max_params / layout.tp
     params, grads, optimizer = model_state_bytes(stage_params, layout.zero, layout.dp_shard, a)
 
@@ -112,19 +134,12 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     buffers = {3: unit * (2 * a.param_bytes + a.grad_bytes), 2: unit * a.grad_bytes}.get(layout.zero, 0.0)
 
     tokens = layout.micro_batch * shape.seq_len
-    full, kept = layer_activation_bytes(shape, layout.tp)
-    layers = split.first_layers
-    recomputed = {"none": 0, "selective": layers // 2, "full": layers}[layout.activation_checkpoint]
-    per_microbatch = ((layers - recomputed) * full + recomputed * kept) * tokens
-    working = full * tokens if recomputed else 0.0  # the layer being recomputed, once
-    first_stage = per_microbatch * inflight_microbatches(layout, microbatches) + working
-
+    first = _stage_activations(shape, layout, split.first_layers, tokens)
+    working = _stage_activations(shape, layout, 0, tokens)  # held once, not per micro-batch in flight
+    first_stage = (first - working) * inflight_microbatches(layout, microbatches) + working
+    last_stage = _stage_activations(shape, layout, split.last_layers, tokens)
     logits = tokens * shape.cfg.vocab_size / layout.tp * a.logits_bytes
-    last_layers = split.last_layers
-    last_recomputed = {"none": 0, "selective": last_layers // 2, "full": last_layers}[layout.activation_checkpoint]
-    last_stage = ((last_layers - last_recomputed) * full + last_recomputed * kept) * tokens
-    last_stage += full * tokens if last_recomputed else 0.0
-    if layout.pp == 1:
+    if layout.pp == 1 or split.output_on_first:
         activations, logits_held = first_stage, logits
     elif first_stage >= last_stage + logits:
         activations, logits_held = first_stage, 0.0

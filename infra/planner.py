@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from infra.catalogue import CATALOGUE, GPU
-from infra.layout import AC_MODES, Layout, ModelShape, Rejection, check_shape, split_stages
+from infra.layout import AC_MODES, TRAINER_SCHEDULES, Layout, ModelShape, Rejection, check_shape
 from infra.memory import GB, MemoryAssumptions, MemoryBreakdown, memory_per_rank
 from infra.reliability import FailureAssumptions, Reliability, plan_reliability
 from infra.timing import PART_LABELS, StepTime, TimingAssumptions, step_time
@@ -24,11 +24,12 @@ logger = logging.getLogger(__name__)
 TP_DEGREES = (1, 2, 4, 8)
 PP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
 MICRO_BATCHES = (1, 2, 4, 8)
-MAX_VIRTUAL_STAGES = 16  # interleaved chunks per rank, each a whole number of layers
 
 
 @dataclass(frozen=True)
 class PlanInputs:
+    """The question (model, tokens, cluster, deadline, budget) and every assumption behind the answer."""
+
     model: str = "70b"
     tokens: float = 15e12
     gpus: int = 4096
@@ -38,6 +39,7 @@ class PlanInputs:
     seq_len: int = 8192
     global_batch_tokens: float = 2**24  # 16M tokens = 2,048 × 8,192, Llama 3's batch
     vocab_size: int = 0  # 0: the preset's
+    pp_schedules: tuple[str, ...] = tuple(TRAINER_SCHEDULES)  # pipeline schedules the search may use
     timing: TimingAssumptions = field(default_factory=TimingAssumptions)
     memory: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     failures: FailureAssumptions = field(default_factory=FailureAssumptions)
@@ -49,6 +51,10 @@ class PlanInputs:
         for name in ("tokens", "days", "budget", "global_batch_tokens", "seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        unknown = [name for name in self.pp_schedules if name not in TRAINER_SCHEDULES]
+        if unknown or not self.pp_schedules:
+            raise ValueError(f"unknown pipeline schedule {unknown[0] if unknown else ''!r}; choose from "
+                             f"{', '.join(TRAINER_SCHEDULES)}")
         if self.global_seqs < 1:
             raise ValueError(f"--global-batch-tokens {self.global_batch_tokens:g} is less than one sequence of "
                              f"--seq-len {self.seq_len}")
@@ -146,7 +152,8 @@ class Plan:
         return out
 
 
-def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int):
+def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
+                      pp_schedules: tuple[str, ...] = tuple(TRAINER_SCHEDULES)):
     """Every layout the trainer can express on ``gpus`` GPUs (see infra/layout.py for the ZeRO rules)."""
     cfg = shape.cfg
     for tp in TP_DEGREES:
@@ -154,18 +161,17 @@ def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int):
             if gpus % (tp * pp) or pp > cfg.n_layers:
                 continue
             dp = gpus // (tp * pp)
-            stage_layers = split_stages(shape, pp).first_layers
-            interleaves = [v for v in range(1, MAX_VIRTUAL_STAGES + 1) if not stage_layers % v] if pp > 1 else [1]
+            schedules = [(n, TRAINER_SCHEDULES[n]) for n in pp_schedules] if pp > 1 else [("1F1B", 1)]
             shard_sizes = {dp} | {s for s in (gpus_per_node // tp * 2**i for i in range(3))
                                   if 2 <= s < dp and dp % s == 0}
             for dp_shard in sorted(shard_sizes):
                 for zero in ((2, 3) if pp == 1 else (1,)):
                     for ac in AC_MODES:
                         for mb in MICRO_BATCHES:
-                            for v in interleaves:
+                            for schedule, v in schedules:
                                 yield Layout(tp=tp, pp=pp, dp_replicate=dp // dp_shard, dp_shard=dp_shard,
                                              zero=zero, micro_batch=mb, activation_checkpoint=ac,
-                                             virtual_stages=v)
+                                             pp_schedule=schedule, virtual_stages=v)
 
 
 def evaluate(inputs: PlanInputs, layout: Layout) -> Candidate | Rejection:
@@ -203,7 +209,7 @@ def plan(inputs: PlanInputs) -> Plan:
     counts: dict[str, int] = {}
     closest: dict[str, tuple[float, str]] = {}
     evaluated = 0
-    for layout in candidate_layouts(inputs.shape, inputs.gpus, gpu.gpus_per_node):
+    for layout in candidate_layouts(inputs.shape, inputs.gpus, gpu.gpus_per_node, inputs.pp_schedules):
         evaluated += 1
         result = evaluate(inputs, layout)
         if isinstance(result, Candidate):
@@ -233,7 +239,7 @@ def plan(inputs: PlanInputs) -> Plan:
 
 
 def _family(layout: Layout) -> tuple:
-    return layout.tp, layout.pp, layout.dp_replicate > 1, layout.activation_checkpoint
+    return layout.tp, layout.pp, layout.pp_schedule, layout.activation_checkpoint
 
 
 @dataclass(frozen=True)
@@ -247,7 +253,8 @@ class SensitivityRow:
 
 
 def sensitivity(result: Plan) -> list[SensitivityRow]:
-    """Days and dollars when one assumption moves; GPU count re-plans, the others keep the chosen layout."""
+    """Days and dollars when one assumption moves; GPU count and schedules re-plan, the others keep the
+    chosen layout."""
     i = result.inputs
     rows = []
 
@@ -277,9 +284,14 @@ def sensitivity(result: Plan) -> list[SensitivityRow]:
         value = min(1.0, base * scale)
         row("compute efficiency", f"{value:.2f}",
             dataclasses.replace(i, timing=dataclasses.replace(i.timing, compute=value)), False)
+    node = i.gpu.gpus_per_node
     for scale in (0.5, 2.0):
-        gpus = int(i.gpus * scale)
-        row("GPU count", f"{gpus:,}", dataclasses.replace(i, gpus=gpus), True)
+        gpus = max(node, round(i.gpus * scale / node) * node)  # whole nodes
+        if gpus != i.gpus:
+            row("GPU count", f"{gpus:,}", dataclasses.replace(i, gpus=gpus), True)
+    if "ZBVZeroBubble" in i.pp_schedules and len(i.pp_schedules) > 1:  # its bubble model is the least tested
+        others = tuple(n for n in i.pp_schedules if n != "ZBVZeroBubble")
+        row("pipeline schedules", "without ZBVZeroBubble", dataclasses.replace(i, pp_schedules=others), True)
     return rows
 
 
@@ -306,6 +318,7 @@ def to_dict(result: Plan, rows: list[SensitivityRow] | None = None) -> dict:
         r, L = best.reliability, best.layout
         out.update({
             "parallel": dataclasses.asdict(L.to_parallel_config(i.global_seqs)),
+            "trainer_overrides": L.trainer_overrides(i.global_seqs, i.seq_len),
             "micro_batch": L.micro_batch,
             "zero_stage": L.zero,
             "tokens_per_s": round(best.step.tokens_per_s),

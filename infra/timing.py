@@ -1,8 +1,10 @@
 """Step time and MFU of a layout: compute at an achievable fraction of peak plus exposed communication.
 
 One step = (m + (p-1)/v) micro-batch slots on the slowest pipeline stage (the last term is the 1F1B /
-interleaved bubble, (p-1)/(m·v+p-1) of the step) + the data-parallel traffic that compute cannot hide.
-Per micro-batch slot: forward+backward FLOPs of the stage (+ one more forward for recomputed layers), the
+interleaved bubble, (p-1)/(m·v+p-1) of the step; ZB-V fills most of it with weight-gradient work) + the
+data-parallel traffic that compute cannot hide.
+Per micro-batch slot: forward+backward FLOPs of the stage (+ one more forward under full recomputation;
+selective recomputation reruns only memory-bound ops, timed by HBM bandwidth), the
 tensor-parallel collectives over NVLink (with sequence parallel: an all-gather and a reduce-scatter
 around attention and around the MLP, each way, so 8 per layer, 12 with recomputation) and the pipeline
 send/receive over the inter-node network. Bandwidths are ring bandwidths: (n-1)/n of the message crosses
@@ -17,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.catalogue import GPU
-from infra.layout import Layout, ModelShape, split_stages
+from infra.layout import Layout, ModelShape
 
 
 @dataclass(frozen=True)
@@ -87,20 +89,47 @@ def _hidden(comm: float, window: float, units: int, overlap: float) -> float:
     return max(comm - overlap * window, comm / max(units, 1)) if comm > 0 else 0.0
 
 
+def _selective_recompute_bytes(shape: ModelShape, tp: int) -> float:
+    """HBM bytes per token and layer to rerun the two norms, rotary, the residual add, SiLU and the product:
+    (4h + 2(2h + 2kv) + 6h + 4h + 10f)/t read and written."""
+    c = shape.cfg
+    h, kv, f = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
+    return (18 * h + 4 * kv + 10 * f) / tp
+
+
+def _bubble_share(shape: ModelShape, layout: Layout) -> float:
+    """Share of a stage's slot left idle per bubble slot: all of it for 1F1B and interleaving; for ZB-V
+    (Qi et al. 2024, "Zero Bubble Pipeline Parallelism") weight-gradient work W fills the bubble, leaving
+    (T_F + T_B − 2·T_W) / (T_F + T_B + T_W). Attention's backward is all input-gradient work; full
+    recomputation adds a forward to T_B."""
+    if layout.pp_schedule != "ZBVZeroBubble":
+        return 1.0
+    c = shape.cfg
+    linear, attention = 6 * shape.layer_params, 12 * c.n_heads * c.head_dim * shape.seq_len
+    f, b, w = (linear + attention) / 3, linear / 3 + 2 * attention / 3, linear / 3
+    if layout.activation_checkpoint == "full":
+        b += f
+    return max(f + b - 2 * w, 0.0) / (f + b + w)
+
+
 def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
               a: TimingAssumptions = TimingAssumptions()) -> StepTime:
     cfg, s = shape.cfg, shape.seq_len
-    split = split_stages(shape, layout.pp)
+    split = layout.split(shape)
     m = layout.microbatches(global_seqs)
     tokens = layout.micro_batch * s
     rate = gpu.peak_flops * (a.compute if a.compute is not None else gpu.compute_efficiency)
     nvlink = gpu.nvlink_gbps * 1e9 * a.network
     nic = gpu.internode_gbps * 1e9 * a.network
 
-    layers = split.first_layers
-    recomputed = {"none": 0, "selective": layers // 2, "full": layers}[layout.activation_checkpoint]
+    layers = split.max_layers
     compute = tokens * split.max_flops / layout.tp / rate
-    recompute = tokens * recomputed * shape.layer_flops / 3 / layout.tp / rate
+    recompute, recomputed = 0.0, 0
+    if layout.activation_checkpoint == "full":  # the whole forward again, collectives included
+        recomputed = layers
+        recompute = tokens * layers * shape.layer_flops / 3 / layout.tp / rate
+    elif layout.activation_checkpoint == "selective":  # memory-bound ops only: HBM traffic, no FLOPs
+        recompute = tokens * layers * _selective_recompute_bytes(shape, layout.tp) / (gpu.hbm_tbps * 1e12)
 
     activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation
     tp_collectives = 8 * layers + 4 * recomputed
@@ -125,6 +154,6 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
         dp = _hidden(gather, fwd_window, layers, a.dp_overlap) + _hidden(scatter, bwd_window, layers, a.dp_overlap)
 
     return StepTime(compute=m * compute, recompute=m * recompute, tp_comm=m * tp, pp_comm=m * pp,
-                    bubble=(layout.pp - 1) / layout.virtual_stages * slot, dp_comm=dp,
+                    bubble=(layout.pp - 1) / layout.virtual_stages * slot * _bubble_share(shape, layout), dp_comm=dp,
                     tokens_per_step=global_seqs * s, model_flops_per_step=global_seqs * s * shape.flops_per_token,
                     world=layout.world, peak_flops=gpu.peak_flops)

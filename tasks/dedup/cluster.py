@@ -37,7 +37,8 @@ def connected_components(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
 def choose_survivors(labels: np.ndarray, quality: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """For each node, the index of the node its cluster keeps: highest quality, then smallest id.
 
-    ``labels`` are node indices (as ``connected_components`` returns). A NaN quality (no classifier ran) ranks below every score. ``ids`` are strings.
+    ``labels`` are node indices (as ``connected_components`` returns). A NaN quality (no
+    classifier ran) ranks below every score. ``ids`` are strings.
     """
     quality = np.asarray(quality, dtype=np.float64)
     neg_quality = np.where(np.isnan(quality), np.inf, -quality)

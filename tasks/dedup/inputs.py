@@ -88,7 +88,8 @@ def raw_to_documents(urls: list[str], staging_url: str | None = None) -> Manifes
 
     from tasks.dedup.stage import write_parquet
 
-    fp = datasets.fingerprint("dedup-input", {"rows_per_shard": ROWS_PER_SHARD}, datasets.raw_input_fingerprints(urls), "1")
+    raw_fps = datasets.raw_input_fingerprints(urls)
+    fp = datasets.fingerprint("dedup-input", {"rows_per_shard": ROWS_PER_SHARD}, raw_fps, "1")
     out_url = datasets.join(staging_url or _default_staging(), fp)
     existing = datasets.read_manifest(out_url)
     if existing is not None:
@@ -127,7 +128,8 @@ def load_dedup_inputs(urls: list[str], staging_url: str | None = None) -> list[M
             raw.extend(_raw_files(url))
         else:
             raise datasets.DatasetError(
-                f"{url} is neither a smelt documents dataset (no manifest.json) nor a raw file ending in {', '.join(RAW_SUFFIXES)}"
+                f"{url} is neither a smelt documents dataset (no manifest.json) nor a raw file "
+                f"ending in {', '.join(RAW_SUFFIXES)}"
             )
     if raw:
         manifests.append(raw_to_documents(raw, staging_url))

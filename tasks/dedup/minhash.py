@@ -24,6 +24,8 @@ Shape legend: D documents, T shingles, P permutations.
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections import defaultdict
 
 import numpy as np
 
@@ -88,11 +90,13 @@ def shard_shingle_hashes(docs_words: list[list[str]], n: int, bits: int) -> tupl
     if offsets[-1] == 0:
         return np.zeros(0, dtype=out_dtype), offsets
 
-    all_words = [w for words in docs_words for w in words]
-    vocabulary = dict.fromkeys(all_words)  # insertion-ordered distinct words
-    word_index = {w: i for i, w in enumerate(vocabulary)}
-    vocab_hashes = np.frombuffer(b"".join(map(_word_hash_bytes, vocabulary)), dtype="<u8").astype(np.uint64)
-    word_hashes = vocab_hashes[np.fromiter(map(word_index.__getitem__, all_words), np.int64, len(all_words))]
+    # One dict lookup per word: a word's first sighting assigns it the next id.
+    word_ids: defaultdict[str, int] = defaultdict()
+    word_ids.default_factory = word_ids.__len__
+    all_words = itertools.chain.from_iterable(docs_words)
+    ids = np.fromiter(map(word_ids.__getitem__, all_words), np.int64, int(lengths.sum()))
+    vocab_hashes = np.frombuffer(b"".join(map(_word_hash_bytes, word_ids)), dtype="<u8").astype(np.uint64)
+    word_hashes = vocab_hashes[ids]
     starts = np.zeros(len(docs_words), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
 

@@ -145,64 +145,93 @@ def _write_npy(dataset_url: str, name: str, array: np.ndarray) -> ShardInfo:
 def _unique_sets(hashes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per document, its shingle hashes sorted and without repeats; returns (values, counts)."""
     n_docs = len(offsets) - 1
-    doc = np.repeat(np.arange(n_docs), np.diff(offsets))
-    order = np.lexsort((hashes, doc))
-    values, doc = hashes[order], doc[order]
+    doc = np.repeat(np.arange(n_docs, dtype=np.uint64), np.diff(offsets))
+    if hashes.dtype == np.uint32:  # one sort of (doc, hash) packed in 64 bits beats a lexsort 4×
+        packed = np.sort((doc << np.uint64(32)) | hashes.astype(np.uint64))
+        values, doc = (packed & np.uint64(0xFFFFFFFF)).astype(np.uint32), packed >> np.uint64(32)
+    else:
+        order = np.lexsort((hashes, doc))
+        values, doc = hashes[order], doc[order]
     keep = np.ones(len(values), dtype=bool)
     keep[1:] = (values[1:] != values[:-1]) | (doc[1:] != doc[:-1])
-    return values[keep], np.bincount(doc[keep], minlength=n_docs)
+    return values[keep], np.bincount(doc[keep].astype(np.int64), minlength=n_docs)
+
+
+@dataclasses.dataclass
+class ShardHashes:
+    """What phase 1 computes for one shard's texts."""
+
+    signatures: np.ndarray  # (D, P)
+    exact: np.ndarray  # (D, 2) uint64 exact keys
+    has_shingles: np.ndarray  # (D,) bool
+    set_values: np.ndarray  # concatenated distinct shingle hashes (verify = "jaccard" only)
+    set_offsets: np.ndarray  # (D + 1,)
+
+
+def hash_texts(texts: list[str | None], cfg: DedupConfig) -> ShardHashes:
+    """Normalise, key, shingle and sign texts, ``cfg.text_batch`` documents at a time."""
+    hasher = MinHasher(cfg.num_perm, cfg.seed, cfg.scheme, cfg.signature_batch)
+    hash_dtype = np.uint32 if hasher.bits == 32 else np.uint64
+    # Each list starts with an empty array so a shard without documents concatenates cleanly.
+    signatures = [np.zeros((0, cfg.num_perm), hasher.dtype)]
+    exact = [np.zeros((0, 2), np.uint64)]
+    counts, set_counts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    set_values = [np.zeros(0, hash_dtype)]
+    for lo in range(0, len(texts), cfg.text_batch):
+        words = [normalized_words(t or "") for t in texts[lo : lo + cfg.text_batch]]
+        exact.append(exact_keys([" ".join(w) for w in words]))
+        hashes, offsets = shard_shingle_hashes(words, cfg.ngram, hasher.bits)
+        signatures.append(hasher.signatures(hashes, offsets))
+        counts.append(np.diff(offsets))
+        if cfg.verify == "jaccard":
+            values, per_doc = _unique_sets(hashes, offsets)
+            set_values.append(values)
+            set_counts.append(per_doc)
+    set_offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    if cfg.verify == "jaccard":
+        np.cumsum(np.concatenate(set_counts), out=set_offsets[1:])
+    return ShardHashes(np.concatenate(signatures), np.concatenate(exact), np.concatenate(counts) > 0,
+                       np.concatenate(set_values), set_offsets)
+
+
+def shuffle_records(shard: int, hashed: ShardHashes, bands: int, rows_per_band: int) -> np.ndarray:
+    """One exact record and one record per band for every document that has shingles."""
+    rows = np.flatnonzero(hashed.has_shingles)
+    docs = doc_key(shard, rows)
+    exact = hashed.exact[rows]
+    keys = band_keys(hashed.signatures[rows], bands, rows_per_band)  # (docs, bands)
+    records = np.zeros(len(rows) * (bands + 1), dtype=RECORD)
+    exact_part, band_part = records[: len(rows)], records[len(rows) :]
+    exact_part["key"], exact_part["tag"] = exact[:, 0], exact[:, 1]
+    exact_part["doc"], exact_part["band"] = docs, EXACT_BAND
+    band_part["key"] = keys.ravel()
+    band_part["tag"] = np.repeat(exact[:, 0], bands)
+    band_part["doc"] = np.repeat(docs, bands)
+    band_part["band"] = np.tile(np.arange(bands, dtype=np.uint16), len(rows))
+    return records
 
 
 def sign_shard(plan: DedupPlan, shard: int) -> ShardResult:
     """Phase 1 for input shard ``shard``."""
-    cfg = plan.cfg
     url = plan.work("signatures")
 
     def work() -> ShardResult:
-        stats = Stats()
         texts = read_table(plan.shard_urls[shard], ["text"]).column("text").to_pylist()
-        stats.add("dedup.null_text", sum(t is None for t in texts))
-        hasher = MinHasher(cfg.num_perm, cfg.seed, cfg.scheme, cfg.signature_batch)
-        signatures, exact, set_values, set_counts, shingle_counts = [], [], [], [], []
-        for lo in range(0, len(texts), cfg.text_batch):
-            words = [normalized_words(t or "") for t in texts[lo : lo + cfg.text_batch]]
-            exact.append(exact_keys([" ".join(w) for w in words]))
-            hashes, offsets = shard_shingle_hashes(words, cfg.ngram, hasher.bits)
-            signatures.append(hasher.signatures(hashes, offsets))
-            shingle_counts.append(np.diff(offsets))
-            if cfg.verify == "jaccard":
-                values, counts = _unique_sets(hashes, offsets)
-                set_values.append(values)
-                set_counts.append(counts)
-        n_docs = len(texts)
-        sigs = np.concatenate(signatures) if signatures else np.zeros((0, cfg.num_perm), hasher.dtype)
-        exact_key = np.concatenate(exact) if exact else np.zeros((0, 2), np.uint64)
-        has_shingles = np.concatenate(shingle_counts) > 0 if shingle_counts else np.zeros(0, bool)
-        stats.add("dedup.no_shingles", int(n_docs - has_shingles.sum()))
-
-        rows = np.flatnonzero(has_shingles)
-        docs = doc_key(shard, rows)
-        keys = band_keys(sigs[rows], plan.bands, plan.rows)  # (docs, bands)
-        records = np.zeros(len(rows) * (plan.bands + 1), dtype=RECORD)
-        exact_part, band_part = records[: len(rows)], records[len(rows) :]
-        exact_part["key"], exact_part["tag"], exact_part["doc"] = exact_key[rows, 0], exact_key[rows, 1], docs
-        exact_part["band"] = EXACT_BAND
-        band_part["key"] = keys.ravel()
-        band_part["tag"] = np.repeat(exact_key[rows, 0], plan.bands)
-        band_part["doc"] = np.repeat(docs, plan.bands)
-        band_part["band"] = np.tile(np.arange(plan.bands, dtype=np.uint16), len(rows))
-
+        hashed = hash_texts(texts, plan.cfg)
+        records = shuffle_records(shard, hashed, plan.bands, plan.rows)
         written = [
-            _write_npy(url, f"sigs-{shard:05d}.npy", sigs),
-            datasets.write_shard(url, f"records-{shard:05d}.shf", lambda f: write_partitioned(f, records, plan.num_buckets)),
+            _write_npy(url, f"sigs-{shard:05d}.npy", hashed.signatures),
+            datasets.write_shard(
+                url, f"records-{shard:05d}.shf", lambda f: write_partitioned(f, records, plan.num_buckets)
+            ),
         ]
-        if cfg.verify == "jaccard":
-            counts = np.concatenate(set_counts) if set_counts else np.zeros(0, np.int64)
-            offsets = np.zeros(n_docs + 1, dtype=np.int64)
-            np.cumsum(counts, out=offsets[1:])
-            values = np.concatenate(set_values) if set_values else np.zeros(0, np.uint64)
-            written.append(_write_npy(url, f"shingles-{shard:05d}.npy", values))
-            written.append(_write_npy(url, f"shingles-{shard:05d}.offsets.npy", offsets))
+        if plan.cfg.verify == "jaccard":
+            written.append(_write_npy(url, f"shingles-{shard:05d}.npy", hashed.set_values))
+            written.append(_write_npy(url, f"shingles-{shard:05d}.offsets.npy", hashed.set_offsets))
+        stats = Stats({
+            "dedup.null_text": sum(t is None for t in texts),
+            "dedup.no_shingles": int(len(texts) - hashed.has_shingles.sum()),
+        })
         return ShardResult(written, stats)
 
     return datasets.run_shard(url, f"shard-{shard:05d}", work)
@@ -218,19 +247,23 @@ def pair_bucket(plan: DedupPlan, bucket: int) -> ShardResult:
     url = plan.work("pairs")
 
     def work() -> ShardResult:
-        parts = [read_bucket(plan.work("signatures", f"records-{s:05d}.shf"), bucket) for s in range(len(plan.shard_urls))]
+        n_shards = len(plan.shard_urls)
+        parts = [read_bucket(plan.work("signatures", f"records-{s:05d}.shf"), bucket) for s in range(n_shards)]
         records = np.concatenate(parts) if parts else np.zeros(0, dtype=RECORD)
         exact_a, exact_b = exact_edges(records)
         cand_a, cand_b, cand_band = near_candidates(records, cfg.max_bucket_fanout)
         near_a, near_b, sims, judged = verify_pairs(
-            plan.store(), cand_a, cand_b, cand_band, bands=plan.bands, rows=plan.rows, threshold=cfg.threshold, mode=cfg.verify
+            plan.store(), cand_a, cand_b, cand_band,
+            bands=plan.bands, rows=plan.rows, threshold=cfg.threshold, mode=cfg.verify,
         )
         edges = np.zeros(len(exact_a) + len(near_a), dtype=EDGE)
         edges["a"] = np.concatenate([exact_a, near_a])
         edges["b"] = np.concatenate([exact_b, near_b])
         edges["similarity"] = np.concatenate([np.ones(len(exact_a)), sims])
         edges["exact"][: len(exact_a)] = 1
-        stats = Stats({"dedup.exact_pairs": len(exact_a), "dedup.candidate_pairs": judged, "dedup.verified_pairs": len(near_a)})
+        stats = Stats(
+            {"dedup.exact_pairs": len(exact_a), "dedup.candidate_pairs": judged, "dedup.verified_pairs": len(near_a)}
+        )
         return ShardResult([_write_npy(url, f"edges-{bucket:05d}.npy", edges)], stats)
 
     return datasets.run_shard(url, f"bucket-{bucket:05d}", work)
@@ -312,7 +345,9 @@ def cluster_all(plan: DedupPlan, _item: int = 0) -> ShardResult:
             for i, lo in enumerate(range(0, table.num_rows, cfg.clusters_per_shard)):
                 part = table.slice(lo, cfg.clusters_per_shard)
                 written.append(
-                    datasets.write_shard(url, f"clusters/clusters-{i:05d}.parquet", functools.partial(write_parquet, part))
+                    datasets.write_shard(
+                        url, f"clusters/clusters-{i:05d}.parquet", functools.partial(write_parquet, part)
+                    )
                 )
         return ShardResult(written, stats)
 
@@ -333,7 +368,9 @@ def filter_shard(plan: DedupPlan, shard: int) -> ShardResult:
         table = read_table(plan.shard_urls[shard])
         missing = [c for c in datasets.DOCUMENT_COLUMNS if c not in table.column_names]
         if missing:
-            raise datasets.DatasetError(f"{plan.shard_urls[shard]} lacks document columns {missing}; is it a smelt documents shard?")
+            raise datasets.DatasetError(
+                f"{plan.shard_urls[shard]} lacks document columns {missing}; is it a smelt documents shard?"
+            )
         drops = read_npy(datasets.join(url, f"_work/clusters/drops-{shard:05d}.npy"))
         keep = np.ones(table.num_rows, dtype=bool)
         keep[drops["row"]] = False
@@ -383,7 +420,8 @@ def run_dedup(
     n_shards = len(plan.shard_urls)
     log.info(
         "dedup: %d shards, threshold %.2f, %d bands × %d rows (P(candidate | threshold) = %.4f), %d buckets",
-        n_shards, cfg.threshold, plan.bands, plan.rows, candidate_probability(cfg.threshold, plan.bands, plan.rows), plan.num_buckets,
+        n_shards, cfg.threshold, plan.bands, plan.rows,
+        candidate_probability(cfg.threshold, plan.bands, plan.rows), plan.num_buckets,
     )
     signed = map_fn(functools.partial(sign_shard, plan), list(range(n_shards)), label="dedup-signatures")
     paired = map_fn(functools.partial(pair_bucket, plan), list(range(plan.num_buckets)), label="dedup-pairs")
@@ -393,9 +431,13 @@ def run_dedup(
     stats = sum((r.stats for r in [*signed, *paired, clustered, *filtered]), Stats())
     clusters_url = datasets.join(plan.output_url, "clusters")
     cluster_shards = [
-        dataclasses.replace(s, name=s.name.removeprefix("clusters/")) for s in clustered.shards if s.name.startswith("clusters/")
+        dataclasses.replace(s, name=s.name.removeprefix("clusters/"))
+        for s in clustered.shards
+        if s.name.startswith("clusters/")
     ]
-    datasets.commit(clusters_url, "clusters", fingerprint, cluster_shards, clustered.stats, inputs=list(inputs), config=cfg)
+    datasets.commit(
+        clusters_url, "clusters", fingerprint, cluster_shards, clustered.stats, inputs=list(inputs), config=cfg
+    )
     meta = {
         "bands": plan.bands,
         "rows": plan.rows,
@@ -404,7 +446,9 @@ def run_dedup(
         "clusters_url": clusters_url,
     }
     shards = [s for r in filtered for s in r.shards]
-    manifest = datasets.commit(plan.output_url, "documents", fingerprint, shards, stats, inputs=list(inputs), config=cfg, meta=meta)
+    manifest = datasets.commit(
+        plan.output_url, "documents", fingerprint, shards, stats, inputs=list(inputs), config=cfg, meta=meta
+    )
     if not cfg.keep_work:
         fs, path = datasets.filesystem(plan.work_root)
         if fs.exists(path):

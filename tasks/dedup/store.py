@@ -36,8 +36,10 @@ class NpyFile:
         else:
             with self.fs.open(self.path, "rb") as f:
                 version = np.lib.format.read_magic(f)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                self.shape, fortran, self.dtype = read_header(f)
+                if version == (1, 0):
+                    self.shape, fortran, self.dtype = np.lib.format.read_array_header_1_0(f)
+                else:
+                    self.shape, fortran, self.dtype = np.lib.format.read_array_header_2_0(f)
                 if fortran:
                     raise ValueError(f"{url} is Fortran-ordered; smelt writes C order")
                 self.data_offset = f.tell()

@@ -68,7 +68,9 @@ class SignatureStore:
 def first_equal_band(sig_a: np.ndarray, sig_b: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """Index of the first band where each pair's signatures agree, or -1 where none does."""
     n = len(sig_a)
-    equal = (sig_a[:, : bands * rows].reshape(n, bands, rows) == sig_b[:, : bands * rows].reshape(n, bands, rows)).all(axis=2)
+    banded_a = sig_a[:, : bands * rows].reshape(n, bands, rows)
+    banded_b = sig_b[:, : bands * rows].reshape(n, bands, rows)
+    equal = (banded_a == banded_b).all(axis=2)  # (pairs, bands)
     return np.where(equal.any(axis=1), equal.argmax(axis=1), -1)
 
 
@@ -84,10 +86,15 @@ def exact_jaccard(sets_a: list[np.ndarray], sets_b: list[np.ndarray]) -> np.ndar
     size_a = np.fromiter(map(len, sets_a), np.int64, n)
     size_b = np.fromiter(map(len, sets_b), np.int64, n)
     values = np.concatenate([v for pair in zip(sets_a, sets_b) for v in pair])
-    pair = np.repeat(np.arange(n), size_a + size_b)
-    order = np.lexsort((values, pair))
-    values, pair = values[order], pair[order]
+    pair = np.repeat(np.arange(n, dtype=np.uint64), size_a + size_b)
+    if values.dtype == np.uint32:  # one sort of (pair, value) packed in 64 bits beats a lexsort
+        packed = np.sort((pair << np.uint64(32)) | values.astype(np.uint64))
+        values, pair = packed & np.uint64(0xFFFFFFFF), packed >> np.uint64(32)
+    else:
+        order = np.lexsort((values, pair))
+        values, pair = values[order], pair[order]
     shared = (values[1:] == values[:-1]) & (pair[1:] == pair[:-1])
+    pair = pair.astype(np.int64)
     intersection = np.bincount(pair[1:][shared], minlength=n)
     union = size_a + size_b - intersection
     return np.where(union > 0, intersection / np.maximum(union, 1), 1.0)

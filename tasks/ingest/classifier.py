@@ -8,6 +8,8 @@ the positive label. The model is saved locally and then copied to its fsspec URL
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import itertools
 import logging
 import math
@@ -22,13 +24,40 @@ from tasks import datasets
 from tasks.datasets import Stats
 from tasks.ingest.base import Document
 from tasks.ingest.config import ClassifierConfig
-from tasks.ingest.langid import LABEL_PREFIX, load_fasttext_model, predict_top
+from tasks.ingest.langid import LABEL_PREFIX, load_fasttext_model, model_fingerprint, predict_top
 from tasks.ingest.text import ProseFilter, batched, is_code
 
 log = logging.getLogger(__name__)
 
 SHUFFLE_BLOCK_LINES = 65_536
 EVAL_BATCH_LINES = 1024
+
+
+M_PERTURB = -6  # glibc mallopt parameter
+
+
+@contextlib.contextmanager
+def zeroed_allocations() -> Iterator[None]:
+    """Make glibc zero-fill every allocation while fastText trains.
+
+    fastText 0.9.3 allocates its input matrix without initializing it and then randomizes only
+    ``thread``/10 of it; the rest is whatever the heap held. Matrices large enough to be mmapped
+    come back as zero pages, but small ones reuse freed memory, and training then depends on
+    earlier allocations in the process: different models from the same data and seed, or
+    "Encountered NaN". With M_PERTURB = 0xFF glibc fills new allocations with 0x00, which gives
+    every model the zero rows a fresh mmap would. Elsewhere (no glibc) this does nothing.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        log.debug("no glibc mallopt here: fastText trains on uninitialized memory as it would")
+        yield
+        return
+    mallopt(M_PERTURB, 0xFF)
+    try:
+        yield
+    finally:
+        mallopt(M_PERTURB, 0)
 
 
 def normalize_for_classifier(text: str, cfg: ClassifierConfig) -> str:
@@ -132,21 +161,22 @@ def train_quality_classifier(
                 )
 
         log.info("training fastText classifier on %d documents", counts[f"train_{pos}"] + counts[f"train_{neg}"])
-        model = fasttext.train_supervised(
-            input=train_path,
-            lr=cfg.lr,
-            epoch=cfg.epoch,
-            wordNgrams=cfg.word_ngrams,
-            dim=cfg.dim,
-            minCount=cfg.min_count,
-            bucket=cfg.bucket,
-            thread=cfg.threads,
-            seed=cfg.seed,
-            loss="softmax",
-            verbose=0,
-        )
-        if cfg.quantize:
-            model.quantize(input=train_path, retrain=True, thread=cfg.threads, verbose=0)
+        with zeroed_allocations():
+            model = fasttext.train_supervised(
+                input=train_path,
+                lr=cfg.lr,
+                epoch=cfg.epoch,
+                wordNgrams=cfg.word_ngrams,
+                dim=cfg.dim,
+                minCount=cfg.min_count,
+                bucket=cfg.bucket,
+                thread=cfg.threads,
+                seed=cfg.seed,
+                loss="softmax",
+                verbose=0,
+            )
+            if cfg.quantize:
+                model.quantize(input=train_path, retrain=True, thread=cfg.threads, verbose=0)
         metrics = evaluate(model, held_out_path, cfg)
 
         model_path = os.path.join(tmp, "model.ftz" if cfg.quantize else "model.bin")
@@ -202,21 +232,23 @@ class QualityClassifierFilter(ProseFilter):
     def __init__(self, cfg: ClassifierConfig):
         self.cfg = cfg
         self.enabled = cfg.enabled
+        self.model_stamp = ""
         if cfg.enabled:
             fs, path = datasets.filesystem(cfg.model_url)
             if not fs.exists(path):
                 raise ValueError(f"classifier.model_url {cfg.model_url} does not exist: train one with `smelt quality-classifier train` or fix the URL")
+            self.model_stamp = model_fingerprint(cfg.model_url)
 
     def score(self, texts: list[str]) -> list[float]:
         """P(positive label) for each text."""
-        model = load_fasttext_model(self.cfg.model_url)
-        positive = LABEL_PREFIX + self.cfg.positive_label
-        if positive not in model.get_labels():
+        model = load_fasttext_model(self.cfg.model_url, self.model_stamp)
+        labels_in_model = model.get_labels()
+        if LABEL_PREFIX + self.cfg.positive_label not in labels_in_model:
             raise ValueError(
                 f"the model at {self.cfg.model_url} has no label {self.cfg.positive_label!r} "
-                f"(it has {', '.join(l[len(LABEL_PREFIX):] for l in model.get_labels())}): set classifier.positive_label"
+                f"(it has {', '.join(l[len(LABEL_PREFIX):] for l in labels_in_model)}): set classifier.positive_label"
             )
-        labels, probs = predict_top(model, [normalize_for_classifier(t, self.cfg) for t in texts], k=len(model.get_labels()))
+        labels, probs = predict_top(model, [normalize_for_classifier(t, self.cfg) for t in texts], k=len(labels_in_model))
         return [min(dict(zip(row_labels, row_probs)).get(self.cfg.positive_label, 0.0), 1.0) for row_labels, row_probs in zip(labels, probs)]
 
     def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:

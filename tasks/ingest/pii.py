@@ -23,9 +23,11 @@ EMAIL_RE = re.compile(
     r"@(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.)+[a-z]{2,63}\b",  # domain with an alphabetic TLD
     re.IGNORECASE,
 )
-_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-# Four octets not embedded in a longer dotted number ("1.2.3.4.5" is a version, not an address).
-IPV4_RE = re.compile(rf"(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\d)")
+# Four dotted numbers not embedded in a longer dotted number ("1.2.3.4.5" is a version, not an
+# address); ipaddress then rejects octets over 255. Python's re is slow on such patterns, so texts
+# are first checked for a digit-dot-digit at all.
+IPV4_HINT_RE = re.compile(r"[0-9]\.[0-9]")
+IPV4_RE = re.compile(r"(?<![0-9.])[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}(?!\.?[0-9])")
 # Candidates only: colon-separated hex groups; ipaddress decides what is a real IPv6 address.
 IPV6_RE = re.compile(r"(?<![\w:.])(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}(?![\w:])", re.IGNORECASE)
 
@@ -82,7 +84,7 @@ class PIIMasker(Step):
             text = EMAIL_RE.sub(mask_email, text)
         if cfg.mask_ipv6 and ("::" in text or text.count(":") >= 7):  # cheap pre-check
             text = IPV6_RE.sub(mask_ip(cfg.ipv6_replacements), text)
-        if cfg.mask_ips and "." in text:
+        if cfg.mask_ips and IPV4_HINT_RE.search(text):
             text = IPV4_RE.sub(mask_ip(cfg.ipv4_replacements), text)
         return text, emails, ips
 

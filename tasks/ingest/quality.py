@@ -14,6 +14,9 @@ Where we differ from datatrove's implementations, on purpose:
 
 from __future__ import annotations
 
+import itertools
+import math
+import operator
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -24,7 +27,9 @@ from tasks.ingest.config import C4Config, FineWebConfig, GopherQualityConfig, Go
 from tasks.ingest.text import (
     ProseFilter,
     count_sentences,
+    count_words_without_letters,
     duplicates,
+    lowercase_words,
     non_empty_lines,
     split_paragraphs,
     split_words,
@@ -77,36 +82,42 @@ class GopherQualityFilter(ProseFilter):
             return False, "gopher_ellipsis_lines"
 
         # at least 80% of words hold an alphabetic character
-        if sum(any(ch.isalpha() for ch in w) for w in words) / n_words < cfg.min_alpha_words_frac:
+        if (n_words - count_words_without_letters(words)) / n_words < cfg.min_alpha_words_frac:
             return False, "gopher_alpha_words"
 
         # at least 2 of the English stop words (a proxy for coherent English prose)
         stop_words = {w.lower() for w in cfg.stop_words}
-        if sum(w.lower() in stop_words for w in words) < cfg.min_stop_words:
+        if sum(map(stop_words.__contains__, lowercase_words(words))) < cfg.min_stop_words:
             return False, "gopher_too_few_stop_words"
         return True
 
 
+def ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
+    return list(zip(*(words[i:] for i in range(n))))
+
+
 def top_ngram_char_frac(words: list[str], n: int, total_chars: int) -> float:
     """Characters inside all occurrences of the most frequent n-gram (if it repeats) / all word characters."""
-    if len(words) < n or total_chars == 0:
+    grams = ngrams(words, n)
+    if not grams or total_chars == 0:
         return 0.0
-    ngram, count = Counter(zip(*(words[i:] for i in range(n)))).most_common(1)[0]
-    return 0.0 if count < 2 else count * sum(map(len, ngram)) / total_chars
+    gram, count = Counter(grams).most_common(1)[0]
+    return 0.0 if count < 2 else count * sum(map(len, gram)) / total_chars
 
 
 def dup_ngram_char_frac(words: list[str], n: int, total_chars: int) -> float:
     """Characters of words covered by a repeated occurrence (not the first) of any n-gram / all word characters."""
-    if len(words) < n or total_chars == 0:
+    grams = ngrams(words, n)
+    # each n-gram's first position: built from the end, so earlier positions overwrite later ones
+    first_position = dict(zip(reversed(grams), range(len(grams) - 1, -1, -1)))
+    if total_chars == 0 or len(first_position) == len(grams):  # the common case: nothing repeats
         return 0.0
-    seen: set[tuple[str, ...]] = set()
-    covered = [False] * len(words)
-    for start, ngram in enumerate(zip(*(words[i:] for i in range(n)))):
-        if ngram in seen:
-            covered[start : start + n] = [True] * n
-        else:
-            seen.add(ngram)
-    return sum(len(w) for w, c in zip(words, covered) if c) / total_chars
+    positions = range(len(grams))
+    repeats = itertools.compress(positions, map(operator.ne, map(first_position.__getitem__, grams), positions))
+    covered = bytearray(len(words))
+    for start in repeats:
+        covered[start : start + n] = b"\x01" * n
+    return sum(itertools.compress(map(len, words), covered)) / total_chars
 
 
 class GopherRepetitionFilter(ProseFilter):
@@ -144,16 +155,24 @@ class GopherRepetitionFilter(ProseFilter):
         if dup_chars / n_chars > cfg.max_dup_line_char_frac:
             return False, "gopher_dup_line_char_frac"
 
-        words = [w.lower() for w in split_words(text)]
+        words = lowercase_words(split_words(text))
         total_chars = sum(map(len, words))
+        # If no n-gram of some size repeats, no longer one does: those checks are skipped.
+        no_repeats_from = math.inf
         # the most frequent short n-gram must not dominate the text
         for n, max_frac in cfg.max_top_ngram_char_frac.items():
-            if top_ngram_char_frac(words, n, total_chars) > max_frac:
+            frac = top_ngram_char_frac(words, n, total_chars) if n < no_repeats_from else 0.0
+            if frac > max_frac:
                 return False, f"gopher_top_{n}_gram"
+            if frac == 0.0:
+                no_repeats_from = min(no_repeats_from, n)
         # repeated longer n-grams must not cover much of the text
         for n, max_frac in cfg.max_dup_ngram_char_frac.items():
-            if dup_ngram_char_frac(words, n, total_chars) > max_frac:
+            frac = dup_ngram_char_frac(words, n, total_chars) if n < no_repeats_from else 0.0
+            if frac > max_frac:
                 return False, f"gopher_dup_{n}_gram"
+            if frac == 0.0:
+                no_repeats_from = min(no_repeats_from, n)
         return True
 
 
@@ -167,7 +186,8 @@ def c4_clean_lines(text: str, cfg: C4Config) -> tuple[list[str], int, Counter]:
     kept, sentences, removed = [], 0, Counter()
     for line in non_empty_lines(text):
         words = line.split()
-        if cfg.max_word_length and any(len(w) > cfg.max_word_length for w in words):
+        # (a line no longer than the limit cannot hold a longer word)
+        if cfg.max_word_length and len(line) > cfg.max_word_length and max(map(len, words)) > cfg.max_word_length:
             removed["too_long_word"] += 1
             continue
         if cfg.remove_citations:

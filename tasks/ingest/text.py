@@ -10,6 +10,7 @@ default.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Iterable, Iterator
@@ -23,10 +24,27 @@ PARAGRAPH_BREAK_RE = re.compile(r"\n[ \t\r\f\v]*\n\s*")
 # brackets, and then whitespace.
 SENTENCE_END_RE = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
 HAS_WORD_CHAR_RE = re.compile(r"\w")
+NO_LETTER_WORD_RE = re.compile(r"(?<!\S)[0-9_'’.\-]+(?!\S)")
 
 
+# Documents pass through the step chain one at a time, so consecutive rules ask for the words of
+# the same text: remember the last few splits instead of redoing them. Callers must not mutate.
+@functools.lru_cache(maxsize=8)
 def split_words(text: str) -> list[str]:
     return WORD_RE.findall(text)
+
+
+def lowercase_words(words: list[str]) -> list[str]:
+    # one C-level pass: no word contains a space
+    return " ".join(words).lower().split(" ") if words else []
+
+
+def count_words_without_letters(words: list[str]) -> int:
+    """Words made only of ASCII digits, underscores and joiners ("2024", "3.14", "1-2")."""
+    joined = " ".join(words)
+    if not any(ch in joined for ch in "0123456789_"):  # most prose: skip the slower regex pass
+        return 0
+    return len(NO_LETTER_WORD_RE.findall(joined))
 
 
 def non_empty_lines(text: str) -> list[str]:

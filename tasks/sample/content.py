@@ -122,18 +122,29 @@ class ProseStream:
         return self._queue.pop()
 
     def take(self, target_words: int) -> list[sources.Paragraph]:
-        """Paragraphs adding up to at least ``target_words`` and at most ``PROSE_MAX_WORDS``."""
-        taken = [self.next()]
-        words = taken[0].words
+        """Paragraphs adding up to at least ``target_words`` and at most ``PROSE_MAX_WORDS``.
+
+        A paragraph that does not fit, or that repeats the page's phrasing (docstrings of one
+        module often start alike), is handed to the next page instead, so prose pages pass
+        Gopher-style repetition rules as the good pages they are meant to be.
+        """
+        taken: list[sources.Paragraph] = []
+        page_words: list[str] = []
+        deferred: list[sources.Paragraph] = []
+        words = 0
         while words < target_words:
             candidate = self.next()
-            if words + candidate.words > PROSE_MAX_WORDS:
-                if words >= PROSE_MIN_WORDS:
-                    self._queue.append(candidate)  # give it to the next page
+            candidate_words = sources.normalized_words(candidate.text)
+            too_long = words + candidate.words > PROSE_MAX_WORDS
+            if too_long or sources.repeated_share(page_words + candidate_words) > sources.MAX_REPEATED_SHARE:
+                deferred.append(candidate)
+                if too_long and words >= PROSE_MIN_WORDS:
                     break
-                continue  # too long to fit this page at all; drop it from this pass
+                continue
             taken.append(candidate)
+            page_words += candidate_words
             words += candidate.words
+        self._queue.extend(reversed(deferred))  # the next page starts with them, in order
         return taken
 
 

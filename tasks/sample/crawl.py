@@ -97,7 +97,7 @@ def _warc_file(name: str, pages: list[Page], first_index: int, seed: int, total_
         "description": f"generated sample crawl, seed {seed}, {total_pages} pages; see {GROUND_TRUTH}",
         "isPartOf": f"smelt-sample-seed{seed}",
     }
-    members = [warc.gzip_member(warc.warcinfo_record(name, seed, CRAWL_START, fields))]
+    members = [warc.gzip_member(warc.warcinfo_record(name, info_id, CRAWL_START, fields))]
     for offset, page in enumerate(pages):
         moment = CRAWL_START + dt.timedelta(seconds=SECONDS_BETWEEN_FETCHES * (first_index + offset))
         related = _related_links(page, by_lang[page.lang], rng) if page.content else []

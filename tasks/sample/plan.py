@@ -24,7 +24,7 @@ MALFORMED_SHARE = 0.01
 MALFORMED_KINDS = ("truncated", "undecodable", "empty", "non_html")
 MIN_PER_MALFORMED_KIND = 2
 LOW_QUALITY_KINDS = tuple(content.LOW_QUALITY_BUILDERS)
-MIN_PAGES = 100
+MIN_PAGES = 40  # the smallest crawl with every category, language and subtype at least once
 # Originals of duplicates are taken from the first part of the crawl so their copies can follow.
 ORIGINAL_WINDOW = 0.85
 # One exact duplicate in this many copies an original that already has one (clusters of three).
@@ -125,11 +125,7 @@ class SiteDirectory:
 
 def _malformed_content(kind: str, stream: content.ProseStream, rng: random.Random) -> Content | None:
     """Truncated and undecodable pages carry real prose; empty and image payloads carry none."""
-    if kind in ("truncated", "undecodable"):
-        page = content.prose_page(stream, rng)
-        page.note = kind
-        return page
-    return None
+    return content.prose_page(stream, rng) if kind in ("truncated", "undecodable") else None
 
 
 def base_pages(counts: dict[str, int], sites: SiteDirectory, seed: int) -> list[Page]:
@@ -137,27 +133,28 @@ def base_pages(counts: dict[str, int], sites: SiteDirectory, seed: int) -> list[
     prose_rng, stream = rng_for(seed, "prose"), content.ProseStream(rng_for(seed, "prose-stream"))
     pages = []
     for _ in range(counts["prose_en"]):
-        page = content.prose_page(stream, prose_rng)
-        pages.append(Page("prose_en", "en", page, sites.pick("en"), note=page.note))
-    for page in content.code_pages(counts["code"], rng_for(seed, "code")):
-        pages.append(Page("code", "en", page, sites.pick("en"), note=page.note))
+        article = content.prose_page(stream, prose_rng)
+        pages.append(Page("prose_en", "en", article, sites.pick("en"), note=article.note))
+    for article in content.code_pages(counts["code"], rng_for(seed, "code")):
+        pages.append(Page("code", "en", article, sites.pick("en"), note=article.note))
     foreign_rng = rng_for(seed, "non_english")
     for lang in split_evenly(counts["non_english"], sources.FOREIGN_LANGS):
-        page = content.foreign_page(lang, foreign_rng)
-        pages.append(Page("non_english", lang, page, sites.pick(lang), note=page.note))
+        article = content.foreign_page(lang, foreign_rng)
+        pages.append(Page("non_english", lang, article, sites.pick(lang), note=article.note))
     low_rng = rng_for(seed, "low_quality")
     for kind in split_evenly(counts["low_quality"], LOW_QUALITY_KINDS):
-        page = content.LOW_QUALITY_BUILDERS[kind](low_rng)
-        lang = None if kind == "lorem_ipsum" else "en"
-        pages.append(Page("low_quality", lang, page, sites.pick("en"), note=kind))
+        article = content.LOW_QUALITY_BUILDERS[kind](low_rng)
+        lang = None if kind == "lorem_ipsum" else "en"  # placeholder Latin is no language
+        pages.append(Page("low_quality", lang, article, sites.pick("en"), note=kind))
     malformed_rng = rng_for(seed, "malformed")
     for kind in split_evenly(counts["malformed"], MALFORMED_KINDS):
-        page = _malformed_content(kind, stream, malformed_rng)
-        lang = "en" if page is not None else None
-        pages.append(Page("malformed", lang, page, sites.pick("en"), note=kind, malformed=kind))
+        article = _malformed_content(kind, stream, malformed_rng)
+        lang = "en" if article is not None else None
+        pages.append(Page("malformed", lang, article, sites.pick("en"), note=kind, malformed=kind))
     for page in pages:
         if page.malformed == "non_html":
-            page.url = sites.claim(page.site, f"/images/{content.slugify(page.site.name)}-{sites.rng.randrange(10**6)}.png")
+            image = f"{content.slugify(page.site.name)}-{sites.rng.randrange(10**6)}"
+            page.url = sites.claim(page.site, f"/images/{image}.png")
         elif page.content is None:
             page.url = sites.claim(page.site, f"/{sites.rng.choice(SECTIONS)}/index.html")
         else:

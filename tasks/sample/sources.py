@@ -15,9 +15,11 @@ import importlib.resources
 import inspect
 import logging
 import re
+import sys
 import sysconfig
 import textwrap
 import warnings
+from collections import Counter
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,9 @@ SKIPPED_SOURCE_FILES = frozenset({"this.py"})
 
 FOREIGN_LANGS = ("de", "fr", "es", "it")
 
-MIN_PARAGRAPH_WORDS = 8
+MIN_PARAGRAPH_WORDS = 10  # shorter ones are mostly one-line API summaries, not prose
+# Gopher drops pages whose repeated word 5-grams cover more than 15% of the characters.
+MAX_REPEATED_SHARE = 0.10
 MIN_CODE_LINES = 40
 MAX_CODE_LINES = 150
 
@@ -117,10 +121,25 @@ def prose_paragraphs_of(doc: str) -> list[str]:
             continue
         if len(_LETTERS_AND_SPACES.sub("", text)) > 0.12 * len(text):
             continue
-        if sum(bool(_CODE_TOKEN.search(w)) for w in words) > 0.1 * len(words):
+        # Curly brackets: C4 drops any page that has one, and in docstrings they are code anyway.
+        if "{" in text or "}" in text or sum(bool(_CODE_TOKEN.search(w)) for w in words) > 0.1 * len(words):
+            continue
+        if repeated_share(normalized_words(text)) > MAX_REPEATED_SHARE:
             continue
         kept.append(text)
     return kept
+
+
+def normalized_words(text: str) -> list[str]:
+    return [w.strip(".,;:!?\"'()").lower() for w in text.split()]
+
+
+def repeated_share(words: list[str], n: int = 5) -> float:
+    """Share of word characters inside a word n-gram that occurs twice: Gopher's repetition signal."""
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    counts = Counter(grams)
+    covered = {i + k for i, gram in enumerate(grams) if counts[gram] > 1 for k in range(n)}
+    return sum(len(words[i]) for i in covered) / max(1, sum(map(len, words)))
 
 
 def _documented_objects(module):
@@ -146,6 +165,8 @@ def english_paragraphs() -> tuple[Paragraph, ...]:
     topics that ``help()`` shows (``pydoc_data.topics``) follow. The first occurrence of a
     paragraph wins, so inherited docstrings appear once.
     """
+    if sys.flags.optimize >= 2:
+        raise RuntimeError("python -OO strips the docstrings the sample crawl is made of; run without -OO")
     seen: set[str] = set()
     out: list[Paragraph] = []
 

@@ -224,7 +224,8 @@ def render_page(site: Site, url: str, title: str, article: str, related: list[tu
     cookie = _cookie_banner(site, ui)
     script = f'<script src="/static/js/app.{site.tracking_id[-6:].lower()}.js" defer></script>'
     if site.layout == 0:  # documentation site: banner first, sidebar after the content
-        body = f'{cookie}\n{header}\n<div class="layout">\n<main id="content">\n{article}\n</main>\n{sidebar}\n</div>\n{footer}'
+        body = (f'{cookie}\n{header}\n<div class="layout">\n<main id="content">\n{article}\n</main>\n'
+                f"{sidebar}\n</div>\n{footer}")
     elif site.layout == 1:  # blog: sidebar first, share and feedback under the post, banner last
         body = (f'{header}\n<div class="container">\n{sidebar}\n<main id="content">\n{article}\n'
                 f"{_share_and_feedback(url, ui)}\n</main>\n</div>\n{footer}\n{cookie}")

@@ -52,12 +52,13 @@ def warc_record(headers: list[tuple[str, str]], block: bytes) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + block + b"\r\n\r\n"
 
 
-def warcinfo_record(filename: str, seed: int, moment: dt.datetime, fields: dict[str, str]) -> bytes:
+def warcinfo_record(filename: str, info_id: str, moment: dt.datetime, fields: dict[str, str]) -> bytes:
+    """The record that opens a WARC file and describes it; responses point to it by ``info_id``."""
     block = "".join(f"{name}: {value}\r\n" for name, value in fields.items()).encode("utf-8")
     return warc_record(
         [
             ("WARC-Type", "warcinfo"),
-            ("WARC-Record-ID", record_id(seed, f"warcinfo:{filename}")),
+            ("WARC-Record-ID", info_id),
             ("WARC-Date", warc_date(moment)),
             ("WARC-Filename", filename),
             ("Content-Type", "application/warc-fields"),

@@ -19,11 +19,20 @@ from tasks import datasets
 from tasks.parallel import MapFn, serial_map
 from tasks.tokenize.config import TokenizeConfig
 from tasks.tokenize.shards import document_shards, iter_document_batches, join_documents, token_dtype, write_token_shard
-from tasks.tokenize.tokenizer import TOKENIZER_FILE, hash_fraction, load_tokenizer, special_ids, tokenizer_json_url
+from tasks.tokenize.tokenizer import (
+    TOKENIZER_FILE,
+    TOKENIZER_STAGE,
+    hash_fraction,
+    load_tokenizer,
+    special_ids,
+    tokenizer_json_url,
+    train_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
 STAGE = "tokenize"
+__all__ = ["STAGE", "TOKENIZER_STAGE", "load_tokenizer", "run_tokenize", "train_tokenizer"]  # the flows' entry points
 SPLITS = ("train", "val")
 
 
@@ -69,7 +78,8 @@ def tokenize_shard(item: tuple[int, str], output_url: str, cfg: TokenizeConfig, 
             if not text:
                 stats.add("dropped.empty_text")
                 continue
-            split = "val" if hash_fraction(cfg.val_seed, str(doc_id)) < cfg.val_fraction else "train"
+            key = doc_id or text  # a document without an id is placed by its content
+            split = "val" if hash_fraction(cfg.val_seed, key) < cfg.val_fraction else "train"
             texts[split].append(text)
         everything = texts["train"] + texts["val"]  # one call keeps all encoder threads busy
         encoded = [e.ids for e in tokenizer.encode_batch_fast(everything, add_special_tokens=False)]

@@ -21,6 +21,7 @@ from tasks.tokenize.shards import document_shards, iter_row_groups
 
 log = logging.getLogger(__name__)
 
+TOKENIZER_STAGE = "tokenizer"  # the stage name under which flows fingerprint train_tokenizer
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -59,7 +60,8 @@ def sample_texts(inputs: list[datasets.Manifest], cfg: TokenizeConfig, stats: da
     for manifest, shard in document_shards(inputs):
         for parquet, group in iter_row_groups(datasets.shard_url(manifest, shard)):
             ids = parquet.read_row_group(group, columns=["id"]).column("id").to_pylist()
-            picked = [i for i, doc_id in enumerate(ids) if hash_fraction(cfg.sample_seed, str(doc_id)) < rate]
+            keys = [doc_id or f"{shard.name}/{group}/{i}" for i, doc_id in enumerate(ids)]  # no id: its position
+            picked = [i for i, key in enumerate(keys) if hash_fraction(cfg.sample_seed, key) < rate]
             if not picked:
                 continue
             texts = parquet.read_row_group(group, columns=["text"]).column("text").take(picked).to_pylist()

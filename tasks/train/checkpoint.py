@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 # DCP warns on every single-process save/load even when asked for one (no_dist=True); here a single
 # process without torch.distributed is a supported setup (laptop runs, eval, export), not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+# Rewriting a step (after a rollback) is intended and logged by _uncommit.
+warnings.filterwarnings("ignore", message="Detected an existing checkpoint in")
 
 KIND = "checkpoint"
 CHECKPOINTS_DIR = "checkpoints"
@@ -123,7 +125,7 @@ def _is_committed(url: str) -> bool:
 # Verification
 
 
-def _checkpoint_problems(url: str, part: int = 0, parts: int = 1) -> list[str]:
+def _checkpoint_problems(url: str, part: int = 0, parts: int = 1, checksums: bool = True) -> list[str]:
     """Problems of one checkpoint; files are split ``part`` of ``parts`` so ranks share the hashing."""
     url = datasets.normalize_url(url)
     try:
@@ -134,27 +136,26 @@ def _checkpoint_problems(url: str, part: int = 0, parts: int = 1) -> list[str]:
         return [f"{url}: no {datasets.MANIFEST} (the save did not commit)"]
     if manifest.kind != KIND:
         return [f"{url}: manifest kind is {manifest.kind!r}, not {KIND!r}"]
-    names = {s.name for s in manifest.shards}
-    if DCP_METADATA not in names:
+    if DCP_METADATA not in {s.name for s in manifest.shards}:
         return [f"{url}: manifest does not list DCP's {DCP_METADATA}"]
-    mine = manifest.shards[part::parts]
-    sub = datasets.Manifest(manifest.kind, manifest.fingerprint, mine, {}, {}, manifest.meta)
     problems = []
-    for name in datasets.verify(sub):
-        shard = next(s for s in mine if s.name == name)
-        fs, path = datasets.filesystem(datasets.join(url, name))
+    for shard in manifest.shards[part::parts]:
+        fs, path = datasets.filesystem(datasets.join(url, shard.name))
         if not fs.exists(path):
-            problems.append(f"{url}/{name}: missing")
+            problems.append(f"{url}/{shard.name}: missing")
         elif fs.size(path) != shard.bytes:
-            problems.append(f"{url}/{name}: {fs.size(path)} bytes, manifest says {shard.bytes}")
-        else:
-            problems.append(f"{url}/{name}: sha256 differs from the manifest")
+            problems.append(f"{url}/{shard.name}: {fs.size(path)} bytes, manifest says {shard.bytes}")
+        elif checksums and datasets.file_sha256(fs, path) != shard.sha256:
+            problems.append(f"{url}/{shard.name}: sha256 differs from the manifest")
     return problems
 
 
-def verify_checkpoint(step_url: str) -> list[str]:
-    """Problems found in one ``step-NNNNNNNN`` checkpoint (empty: committed and intact)."""
-    return _checkpoint_problems(step_url)
+def verify_checkpoint(step_url: str, *, checksums: bool = True) -> list[str]:
+    """Problems found in one ``step-NNNNNNNN`` checkpoint (empty: committed and intact).
+
+    ``checksums=False`` checks the manifest, file presence and sizes only: cheap enough to poll.
+    """
+    return _checkpoint_problems(step_url, checksums=checksums)
 
 
 def _summary(step: int, url: str, meta: Mapping[str, Any], fingerprint: str) -> dict[str, Any]:
@@ -168,14 +169,15 @@ def _summary(step: int, url: str, meta: Mapping[str, Any], fingerprint: str) -> 
     }
 
 
-def list_committed(run_dir_url: str) -> list[dict[str, Any]]:
+def list_committed(run_dir_url: str, *, checksums: bool = True) -> list[dict[str, Any]]:
     """Verified checkpoints of a run, newest last: ``{step, url, tokens, loss, world_size, config_fingerprint}``.
 
-    Bad checkpoints are logged and left out. Hashes every file: for eval and artifacts, not hot loops.
+    Bad checkpoints are logged and left out. With ``checksums`` (default) every file is hashed;
+    pollers may pass False to check presence and sizes only.
     """
     out = []
     for step, url in _step_dirs(run_dir_url).items():
-        problems = verify_checkpoint(url)
+        problems = verify_checkpoint(url, checksums=checksums)
         if problems:
             log.warning("checkpoint %s skipped: %s", url, "; ".join(problems))
             continue
@@ -250,7 +252,8 @@ class RNGState(Stateful):
         has_gauss, gauss, version = state["python_gauss"].tolist()
         random.setstate((int(version), tuple(state["python_mt"].tolist()), gauss if has_gauss else None))
         pos, np_has_gauss, np_gauss = state["numpy_gauss"].tolist()
-        np.random.set_state(("MT19937", state["numpy_mt"].numpy().astype(np.uint32), int(pos), int(np_has_gauss), np_gauss))
+        keys = state["numpy_mt"].numpy().astype(np.uint32)
+        np.random.set_state(("MT19937", keys, int(pos), int(np_has_gauss), np_gauss))
         torch.set_rng_state(state["torch_cpu"])
         if "torch_cuda" in state:
             torch.cuda.set_rng_state(state["torch_cuda"])
@@ -288,9 +291,9 @@ class CheckpointManager:
     ``step``, ``world_size``, ``config_fingerprint`` and ``model_prefix`` (where the model's weights
     sit, for export). ``tokens``, ``loss``, ``layout`` and ``model`` (the ModelConfig as a dict,
     which export and eval need) are expected from the trainer; ``config`` (the run config) goes
-    to the manifest's lineage. ``config_fingerprint`` must cover what may not change across a resume (model, data,
-    tokenizer, global batch) and not the parallel layout. ``blocked_s`` sums the seconds training
-    was blocked by checkpointing (metrics, goodput).
+    to the manifest's lineage. ``config_fingerprint`` must cover what may not change across a
+    resume (model, data, tokenizer, global batch) and not the parallel layout. ``blocked_s`` sums
+    the seconds training was blocked by checkpointing (metrics, goodput).
     """
 
     def __init__(self, run_dir_url: str, cfg: CheckpointConfig, *, rank: int, world_size: int,
@@ -456,11 +459,14 @@ class CheckpointManager:
         error = None
         if self.rank == 0:
             try:
-                stats = {"checkpoint.write_s": round(write_s, 4), "checkpoint.hash_s": round(time.monotonic() - hash_started, 4),
+                stats = {"checkpoint.write_s": round(write_s, 4),
+                         "checkpoint.hash_s": round(time.monotonic() - hash_started, 4),
                          "checkpoint.bytes": sum(s.bytes for s in shards)}
                 self._remove_strays(url, {s.name for s in shards})
-                datasets.commit(url, KIND, self.config_fingerprint, shards, stats, config=meta.pop("config", None), meta=meta)
-                log.info("checkpoint step %d committed at %s (%.1f MB, write %.2fs)", step, url, stats["checkpoint.bytes"] / 1e6, write_s)
+                datasets.commit(url, KIND, self.config_fingerprint, shards, stats, config=meta.pop("config", None),
+                                meta=meta)
+                log.info("checkpoint step %d committed at %s (%.1f MB, write %.2fs)", step, url,
+                         stats["checkpoint.bytes"] / 1e6, write_s)
                 self._apply_retention(step)
             except Exception as e:  # every rank must learn that the commit failed, not wait forever
                 error = f"{type(e).__name__}: {e}"
@@ -522,7 +528,8 @@ class CheckpointManager:
     def latest_step(self) -> int | None:
         """Newest step whose manifest verifies; ranks share the hashing. Bad ones are logged and skipped."""
         self._finish_pending()
-        candidates = self._broadcast(sorted(_step_dirs(self.run_dir_url).items(), reverse=True) if self.rank == 0 else None)
+        newest_first = sorted(_step_dirs(self.run_dir_url).items(), reverse=True) if self.rank == 0 else None
+        candidates = self._broadcast(newest_first)  # one listing: stores may list differently per host
         for step, url in candidates:
             if self._good(url):
                 return step

@@ -15,7 +15,8 @@ Vocabulary and the rules every part below keeps:
 - *mixture*: index ``i`` is routed to a dataset by a deterministic interleave (``_route``), which
   also tells which draw ``j`` of that dataset it is. Draw ``j`` of a dataset with ``n`` samples is
   sample ``permute(j % n)`` of epoch ``j // n``, where ``permute`` is a seeded Feistel bijection on
-  ``[0, n)``: no permutation is ever materialised, so memory is O(shards), not O(samples).
+  ``[0, n)``: no permutation is ever materialised (a few cached blocks of 8,192 draws per
+  dataset, 64 KiB each), so memory does not grow with the number of samples.
 
 Shards are read through ``np.memmap``; shards of remote datasets are first copied (checksum
 verified) into a local cache directory. A background thread keeps ``prefetch`` batches ready.
@@ -171,8 +172,11 @@ def _local_shard_path(manifest: contract.Manifest, shard: contract.ShardInfo, ca
     return local
 
 
-class _Stream:
-    """The token stream of one split of one tokens dataset, read window by window."""
+class TokenStream:
+    """The token stream of one split of one tokens dataset, read window by window.
+
+    Public for eval, which scores the held-out stream in order; ``samples`` counts whole windows.
+    """
 
     def __init__(self, url: str, split: str, seq_len: int, cache_dir: str | None) -> None:
         manifest = contract.open_dataset(url, kind="tokens")
@@ -201,18 +205,24 @@ class _Stream:
             self._arrays[i] = np.memmap(self._paths[i], dtype=self.dtype, mode="r").view(np.ndarray)
         return self._arrays[i]
 
-    def read(self, starts: np.ndarray, out: np.ndarray) -> None:
+    def read(self, start: int, length: int, out: np.ndarray, shard: int | None = None) -> None:
+        """Copy tokens ``[start, start + length)`` of the stream into ``out`` (crossing shards if needed)."""
+        if start < 0 or start + length > self.total:
+            raise IndexError(f"tokens [{start}, {start + length}) are outside the stream of {self.total}")
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1 if shard is None else shard
+        filled = 0
+        while filled < length:  # more than once only for a window that crosses a shard boundary
+            offset = start + filled - int(self.starts[i])
+            piece = self._array(i)[offset: offset + length - filled]
+            out[filled: filled + len(piece)] = piece
+            filled += len(piece)
+            i += 1
+
+    def read_windows(self, starts: np.ndarray, out: np.ndarray) -> None:
         """Fill row ``r`` of ``out`` with the tokens from stream position ``starts[r]`` on."""
-        length = out.shape[1]
-        shard_of = np.searchsorted(self.starts, starts, side="right") - 1
-        for row, (start, i) in enumerate(zip(starts.tolist(), shard_of.tolist())):
-            filled = 0
-            while filled < length:  # more than once only for a window that crosses a shard boundary
-                offset = start + filled - int(self.starts[i])
-                piece = self._array(i)[offset: offset + length - filled]
-                out[row, filled: filled + len(piece)] = piece
-                filled += len(piece)
-                i += 1
+        shards = np.searchsorted(self.starts, starts, side="right") - 1  # one vectorised lookup
+        for row, (start, shard) in enumerate(zip(starts.tolist(), shards.tolist())):
+            self.read(start, out.shape[1], out[row], shard)
 
     def close(self) -> None:
         self._arrays = [None] * len(self._arrays)
@@ -262,8 +272,9 @@ class TokenLoader:
     """This rank's slice of each global batch of ``(inputs, targets)``, in a resumable order.
 
     ``datasets`` maps a name to a tokens dataset URL (one entry: no mixture). ``weights`` maps the
-    same names to positive weights (normalised here); None weights each dataset by its sample count,
-    i.e. plain concatenation. All datasets must share one tokenizer (same vocab and special ids).
+    same names to positive weights (normalised here); None weights each dataset by its sample count
+    (each is then used up at the same pace). All datasets must share one tokenizer (same vocab and
+    special ids). ``batch_at`` is not thread-safe: with ``prefetch > 0`` only the prefetch thread calls it.
     """
 
     def __init__(
@@ -295,7 +306,7 @@ class TokenLoader:
         self.split, self.seq_len, self.global_batch, self.seed = split, seq_len, global_batch, seed
         self.dp_rank, self.dp_size, self.prefetch = dp_rank, dp_size, prefetch
         self.local_batch = global_batch // dp_size
-        self._streams = [_Stream(datasets[n], split, seq_len, cache_dir) for n in self.names]
+        self._streams = [TokenStream(datasets[n], split, seq_len, cache_dir) for n in self.names]
         self._check_same_tokenizer()
         self.weights = self._normalised_weights(weights)
         self._chain = _chain([self.weights[n] for n in self.names], seed)
@@ -390,7 +401,7 @@ class TokenLoader:
             if rows.size:
                 sample = order(draw[rows]).astype(np.int64)
                 part = np.empty((rows.size, self.seq_len + 1), dtype=np.int64)
-                stream.read(sample * self.seq_len, part)
+                stream.read_windows(sample * self.seq_len, part)
                 windows[rows] = part
         inputs = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
         targets = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))

@@ -109,9 +109,10 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
         f.write(config_blob)
         return 1
 
-    shards = [datasets.write_shard(output_url, WEIGHTS, write_weights), datasets.write_shard(output_url, CONFIG, write_config)]
-    fp = datasets.fingerprint("export", {"dtype": dtype}, [str(config["config_fingerprint"]), str(config["step"]), step_url],
-                              datasets.code_version("tasks.train.export"))
+    shards = [datasets.write_shard(output_url, WEIGHTS, write_weights),
+              datasets.write_shard(output_url, CONFIG, write_config)]
+    inputs = [str(config["config_fingerprint"]), str(config["step"]), step_url]
+    fp = datasets.fingerprint("export", {"dtype": dtype}, inputs, datasets.code_version("tasks.train.export"))
     manifest = datasets.commit(output_url, KIND, fp, shards, {"params": params, "tensors": len(weights)},
                                inputs=[step_url], meta={"step": config["step"], "tokens": config["tokens"],
                                                         "checkpoint": step_url})
@@ -123,7 +124,8 @@ def load_exported(url: str, *, verify: bool = True) -> tuple[dict[str, torch.Ten
     """``(weights, config)`` of an export; no torch.distributed and no unpickling involved."""
     manifest = datasets.open_dataset(url, kind=KIND)
     if verify and (bad := datasets.verify(manifest)):
-        raise datasets.DatasetError(f"export at {manifest.meta['url']} is corrupt: {', '.join(bad)} fail their checksums")
+        raise datasets.DatasetError(f"export at {manifest.meta['url']} is corrupt: {', '.join(bad)} "
+                                    "fail their checksums; export it again")
     fs, path = datasets.filesystem(datasets.shard_url(manifest, WEIGHTS))
     weights = safetensors.torch.load(fs.cat_file(path))
     fs, path = datasets.filesystem(datasets.shard_url(manifest, CONFIG))
@@ -137,9 +139,11 @@ def _dtype_name(weights: dict[str, torch.Tensor]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Export a smelt checkpoint to safetensors + config JSON.")
-    parser.add_argument("--checkpoint", required=True, help="step-NNNNNNNN URL, or a run directory (newest good checkpoint)")
+    parser.add_argument("--checkpoint", required=True,
+                        help="step-NNNNNNNN URL, or a run directory (its newest good checkpoint)")
     parser.add_argument("--output", required=True, help="output folder URL")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast floating weights (default: as saved)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="cast floating weights (default: as saved)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -147,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, datasets.DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"output": manifest.meta["url"], "step": manifest.meta["step"], "params": manifest.stats["params"]}))
+    print(json.dumps({"output": manifest.meta["url"], "step": manifest.meta["step"],
+                      "params": manifest.stats["params"]}))
     return 0
 
 

@@ -12,12 +12,6 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from tasks.train.config import OptimConfig
@@ -34,15 +28,15 @@ def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class Optimizers(Stateful):
-    """One AdamW per model part (pipeline stage); stepped, zeroed and checkpointed together.
+class Optimizers:
+    """One AdamW per model part (pipeline stage), stepped and zeroed together (checkpointed through
+    tasks.train.checkpoint.ModelOptimState, which needs each part's own optimizer).
 
     Matrices and embeddings get weight decay; norm weights do not (decaying a gain towards 0 only
     fights the normalisation).
     """
 
     def __init__(self, parts: list[nn.Module], cfg: OptimConfig, device_type: str) -> None:
-        self.parts = parts
         self.optimizers = []
         for part in parts:
             params = [p for p in part.parameters() if p.requires_grad]
@@ -68,18 +62,6 @@ class Optimizers(Stateful):
     def zero_grad(self) -> None:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-
-    def state_dict(self) -> dict:
-        options = StateDictOptions(flatten_optimizer_state_dict=True)
-        out = {}
-        for part, opt in zip(self.parts, self.optimizers):
-            out.update(get_optimizer_state_dict(part, opt, options=options))
-        return out
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        options = StateDictOptions(flatten_optimizer_state_dict=True)
-        for part, opt in zip(self.parts, self.optimizers):
-            set_optimizer_state_dict(part, opt, optim_state_dict=state_dict, options=options)
 
 
 @torch.no_grad()

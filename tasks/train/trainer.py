@@ -15,24 +15,22 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from tasks import datasets as contract
 from tasks.train import metrics, pipeline
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import DataConfig, ModelConfig, TrainConfig
 from tasks.train.data import TokenLoader
 from tasks.train.model import Transformer
@@ -88,74 +86,31 @@ def plan_batches(data: DataConfig, dims: ParallelDims, pp_microbatches: int, sta
 # -- checkpointable state -----------------------------------------------------------------------------
 
 
-class ModelState(Stateful):
-    """All model parts (pipeline stages) of this rank as one state dict with the full model's names."""
-
-    def __init__(self, parts: list[nn.Module]) -> None:
-        self.parts = parts
-
-    def state_dict(self) -> dict:
-        return {k: v for part in self.parts for k, v in get_model_state_dict(part).items()}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        for part in self.parts:  # each part takes the keys it owns
-            set_model_state_dict(part, state_dict, options=StateDictOptions(strict=False))
-
-
-def _rng_state() -> dict[str, torch.Tensor]:
-    """This rank's RNG states as tensors (no pickles): torch CPU/CUDA, NumPy, Python."""
-    np_state = np.random.get_state()
-    py_version, py_state, py_gauss = random.getstate()
-    out = {
-        "torch": torch.get_rng_state(),
-        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
-        "numpy_pos": torch.tensor([np_state[2], np_state[3]], dtype=torch.int64),
-        "numpy_gauss": torch.tensor(np_state[4], dtype=torch.float64),
-        "python": torch.tensor([py_version, *py_state], dtype=torch.int64),
-        "python_gauss": torch.tensor(float("nan") if py_gauss is None else py_gauss, dtype=torch.float64),
-    }
-    if torch.cuda.is_available():
-        out["cuda"] = torch.cuda.get_rng_state()
-    return out
-
-
-def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
-    torch.set_rng_state(state["torch"])
-    pos, has_gauss = state["numpy_pos"].tolist()
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), pos, has_gauss,
-                         float(state["numpy_gauss"])))
-    version, *py_state = state["python"].tolist()
-    gauss = float(state["python_gauss"])
-    random.setstate((version, tuple(py_state), None if np.isnan(gauss) else gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
 @dataclass
 class TrainState(Stateful):
-    """Where the run is: optimizer steps done, tokens seen, the loader's position, RNG states.
-
-    RNG states differ per rank, so they are keyed by global rank; a run resumed on a different
-    world size finds no state for its new ranks and keeps the seeded one (nothing here draws
-    random numbers during training, so this changes no result).
-    """
+    """Where the run is: optimizer steps done, tokens seen, and the loader's position (whose
+    identity check refuses a resume onto different data or a different global batch)."""
 
     loader: TokenLoader
-    rank: int
     step: int = 0
     tokens: int = 0
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "tokens": self.tokens, "loader": self.loader.state_dict(),
-                "rng": {f"rank{self.rank}": _rng_state()}}
+        return {"step": self.step, "tokens": self.tokens, "loader": self.loader.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.step = int(state_dict["step"])
         self.tokens = int(state_dict["tokens"])
         self.loader.load_state_dict(state_dict["loader"])
-        mine = state_dict.get("rng", {}).get(f"rank{self.rank}")
-        if mine is not None:
-            _set_rng_state(mine)
+
+
+def config_fingerprint(model_cfg: ModelConfig, data: DataConfig, dataset_fingerprints: dict[str, str]) -> str:
+    """What a resume may not change: model shape, data, tokenizer (via the datasets) and the batch
+    contract. The layout, world size, optimizer and step budget may change."""
+    contract_fields = {"seq_len": data.seq_len, "global_batch": data.global_batch, "seed": data.seed,
+                       "mixture": dict(sorted(data.mixture.items()))}
+    inputs = [f"{name}:{fp}" for name, fp in sorted(dataset_fingerprints.items())]
+    return contract.fingerprint("train", {"model": dataclasses.asdict(model_cfg), "data": contract_fields}, inputs, "")
 
 
 # -- process group --------------------------------------------------------------------------------------
@@ -238,10 +193,23 @@ class Trainer:
             )
             self.holds_first_stage = any(s == 0 for s, _ in stages)
 
-        # 4. Optimizer and the checkpointable state.
+        # 4. Optimizer, the checkpointable state, and resuming from the newest good checkpoint.
         self.optimizers = Optimizers(self.model_parts, cfg.optim, self.device.type)
-        self.state = TrainState(loader=self.loader, rank=self.rank)
-        self.app_state = {"model": ModelState(self.model_parts), "optim": self.optimizers, "train": self.state}
+        self.state = TrainState(loader=self.loader)
+        self.app_state = {
+            "model_optim": ModelOptimState(self.model_parts, self.optimizers.optimizers),
+            "train": self.state,
+            "rng": RNGState(self.rank, cfg.seed),
+        }
+        fingerprints = {name: contract.open_dataset(url, kind="tokens").fingerprint for name, url in datasets.items()}
+        self.checkpointer = CheckpointManager(
+            self.run_dir, cfg.checkpoint, rank=self.rank, world_size=self.world_size,
+            config_fingerprint=config_fingerprint(self.model_cfg, cfg.data, fingerprints),
+        )
+        self.resumed_from = self.checkpointer.latest_step()
+        if self.resumed_from is not None:
+            self.checkpointer.load(self.app_state, step=self.resumed_from)
+            log.info("resumed from checkpoint step %d (%d tokens seen)", self.state.step, self.state.tokens)
 
         # 5. Metrics.
         self.compute_dtype = compute_dtype(cfg.parallel, self.device.type)
@@ -249,7 +217,7 @@ class Trainer:
         self.device_name, self.peak_flops = metrics.device_peak_flops(self.device, self.compute_dtype)
         self.metrics = metrics.MetricsLogger(self.run_dir, enabled=self.rank == 0)
         counts = sum((param_counts(part) for part in self.model_parts), Counter())
-        log.info("layout %s on %d ranks (%s); model %s: %.1fM params, %.1fM on this rank; batch %s",
+        log.info("layout %s on %d ranks (%s); model %s: %.3gM params, %.3gM on this rank; batch %s",
                  self.dims.describe(), self.world_size, self.device_name, cfg.model_preset,
                  self.model_cfg.num_params() / 1e6, counts["local"] / 1e6, self.batch)
 
@@ -311,6 +279,7 @@ class Trainer:
         local_loss = self.forward_backward(inputs, targets)
         pp_group = self.dims.mesh["pp"].get_group() if self.dims.pp_enabled else None
         grad_norm = clip_grad_norm_(self.params, self.cfg.optim.grad_clip, pp_group)
+        self.checkpointer.wait_for_staging()  # an in-flight save may still be copying these parameters
         self.optimizers.step()
         loss = self.global_loss(local_loss)
 
@@ -338,12 +307,17 @@ class Trainer:
         first_step = self.state.step + 1
         for step in range(first_step, self.cfg.steps + 1):
             record = self.train_step(step)
+            meta = {"tokens": self.state.tokens, "loss": record["loss"], "layout": self.dims.describe(),
+                    "model": dataclasses.asdict(self.model_cfg), "config": dataclasses.asdict(self.cfg)}
+            self.checkpointer.maybe_save(step, self.app_state, meta, force=step == self.cfg.steps)
+            record["checkpoint_blocked_s"] = self.checkpointer.blocked_s
             records.append(record)
             self.metrics.log(record)
             if self.rank == 0 and (step % self.cfg.log_every == 0 or step == self.cfg.steps):
                 log.info("step %d/%d  loss %.4f  grad_norm %.3f  lr %.2e  tok/s %.0f  mfu %.2f%%  mem %.2f GiB",
                          step, self.cfg.steps, record["loss"], record["grad_norm"], record["lr"],
                          record["tokens_per_s"], 100 * record["mfu"], record["peak_mem_gib"])
+        self.checkpointer.wait_for_commit()  # the run is done only when its last checkpoint is
         summary = self._summary(records, time.perf_counter() - start, first_step)
         if self.rank == 0:
             with contract.atomic_write(contract.join(self.run_dir, "summary.json"), "w") as f:
@@ -358,6 +332,9 @@ class Trainer:
         return {
             "steps": self.state.step,
             "first_step": first_step,
+            "resumed_from": self.resumed_from,
+            "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            "checkpoint_blocked_s": self.checkpointer.blocked_s,
             "losses": [r["loss"] for r in records],
             "first_loss": records[0]["loss"] if records else None,
             "last_loss": records[-1]["loss"] if records else None,
@@ -373,6 +350,7 @@ class Trainer:
         }
 
     def close(self) -> None:
+        self.checkpointer.close()
         self.loader.close()
         self.metrics.close()
         if self._owns_group:
@@ -383,3 +361,43 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- dry run ---------------------------------------------------------------------------------------------
+
+
+def describe_layout(cfg: TrainConfig, *, world_size: int, vocab_size: int) -> dict:
+    """What a run would do on ``world_size`` ranks, without starting one: the layout, the derived
+    batch walk, and per-rank parameter, gradient and AdamW memory on the busiest pipeline rank
+    (fp32 master weights, grads and two moments; activations and gathered bf16 copies excluded)."""
+    dims = ParallelDims.from_config(cfg.parallel, world_size)
+    model_cfg = cfg.model_config(vocab_size=vocab_size)
+    with torch.device("meta"):
+        whole = Transformer(model_cfg)
+    check_model_fits(whole, dims, cfg.data.seq_len)
+    if dims.pp_enabled:
+        ranks = [pipeline.split_model(whole, cfg.parallel.pp_schedule, r, dims.pp) for r in range(dims.pp)]
+    else:
+        ranks = [[(0, whole)]]
+    batch = plan_batches(cfg.data, dims, cfg.parallel.pp_microbatches, len(ranks[0]))
+
+    def local_params(parts) -> int:
+        # TP splits every matrix and embedding, not the norm gains; FSDP splits everything over dp_shard.
+        total = 0
+        for _, part in parts:
+            for name, param in part.named_parameters():
+                tp = 1 if name.endswith("norm.weight") else dims.tp
+                total += math.ceil(param.numel() / (tp * dims.dp_shard))
+        return total
+
+    per_rank = max(local_params(parts) for parts in ranks)
+    gib = 4 / 2**30
+    return {
+        "layout": dims.describe(),
+        "world_size": world_size,
+        "model": {"preset": cfg.model_preset, "params": model_cfg.num_params(),
+                  "flops_per_token": model_cfg.flops_per_token(cfg.data.seq_len)},
+        "batch": {**dataclasses.asdict(batch), "tokens_per_step": batch.tokens_per_step},
+        "per_rank": {"params": per_rank, "param_gib": per_rank * gib, "grad_gib": per_rank * gib,
+                     "optimizer_gib": 2 * per_rank * gib, "total_gib": 4 * per_rank * gib},
+    }

@@ -9,7 +9,7 @@ def test_llama3_405b_mfu_fit_and_prediction():
     fit, prediction = llama3_405b_mfu()
     assert fit["predicted_mfu"] == pytest.approx(0.43, abs=0.005)  # H100 efficiency was fitted here
     assert prediction["predicted_mfu"] == pytest.approx(0.41, abs=0.02)  # 16,384 GPUs: a prediction
-    assert not fit["fits_our_memory_model"] and fit["fitting_tp8_pp16_layout"].endswith("ac-full")
+    assert not fit["fits_our_memory_model"] and fit["smelt_tp8_pp16_layout"].startswith("tp8·pp16")
 
 
 def test_llama3_405b_snapshot_has_466_interruptions_and_over_90_percent_effective_time():

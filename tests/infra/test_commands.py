@@ -21,7 +21,7 @@ def test_plan_json_is_one_object_with_the_verdict_keys():
     out = json.loads(result.stdout)
     for key in ("feasible", "layout", "mfu", "days", "gpu_hours", "cost_usd", "checkpoint_interval_min", "goodput"):
         assert key in out
-    assert out["inputs"]["gpus"] == 4096 and out["inputs"]["gpu"] == "h100" and len(out["sensitivity"]) == 10
+    assert out["inputs"]["gpus"] == 4096 and out["inputs"]["gpu"] == "h100" and len(out["sensitivity"]) == 11
 
 
 def test_plan_prints_the_tables():
@@ -38,6 +38,7 @@ def test_plan_prints_the_tables():
     (["--gpus", "4097"], "multiple of 8"),
     (["--model", "huge"], "unknown model preset 'huge'"),
     (["--gpu-set", "colour=1"], "unknown GPU field 'colour'"),
+    (["--pp-schedules", "GPipe"], "unknown pipeline schedule 'GPipe'"),
 ])
 def test_bad_inputs_exit_2_with_one_clear_line(args, message):
     result = runner.invoke(app, ["plan", *args])

@@ -6,7 +6,7 @@ from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape
 from infra.memory import GB, MemoryAssumptions, inflight_microbatches, layer_activation_bytes, memory_per_rank, \
     model_state_bytes
-from tasks.train.config import ModelConfig
+from tasks.train.config import PRESETS, ModelConfig
 
 PAPER = MemoryAssumptions(grad_bytes=2)  # ZeRO paper: fp16 gradients, K = 12
 SMALL = ModelConfig(dim=1024, n_layers=4, n_heads=8, n_kv_heads=4, ffn_hidden=4096, vocab_size=8192)
@@ -27,11 +27,23 @@ def test_zero_stage_formulas_hold_exactly():
         model_state_bytes(psi, 4, n)
 
 
-def test_layer_activations_count_gathered_inputs_whole_and_the_rest_sharded():
-    full, kept = layer_activation_bytes(ModelShape(SMALL, 512), tp=2)
-    # 4h whole + (8h + 4kv + 8f)/t = 4096 + (8192 + 2048 + 32768)/2; full recompute keeps 2h/t
-    assert full == 4096 + 21504
-    assert kept == 1024
+def test_layer_activations_per_token_by_recomputation_mode():
+    shape = ModelShape(SMALL, 512)  # h = 1024, kv = 512, f = 4096
+    # none: 4h whole + (8h + 4kv + 8f)/t
+    assert layer_activation_bytes(shape, 2, "none") == 4096 + (8192 + 2048 + 32768) / 2
+    assert layer_activation_bytes(shape, 1, "none") == 12 * 1024 + 4 * 512 + 8 * 4096
+    # selective: 8h whole + (10h + 4kv + 4f)/t with TP; 10h + 4kv + 4f without
+    assert layer_activation_bytes(shape, 2, "selective") == 8192 + (10240 + 2048 + 16384) / 2
+    assert layer_activation_bytes(shape, 1, "selective") == 10240 + 2048 + 16384
+    assert layer_activation_bytes(shape, 2, "full") == 1024
+    with pytest.raises(ValueError, match="activation_checkpoint must be one of"):
+        layer_activation_bytes(shape, 2, "some")
+
+
+def test_trainers_selective_policy_keeps_more_than_none_under_tensor_parallel():
+    shape = ModelShape(PRESETS["70b"], 8192)
+    assert layer_activation_bytes(shape, 8, "selective") > layer_activation_bytes(shape, 8, "none")
+    assert layer_activation_bytes(shape, 1, "selective") < layer_activation_bytes(shape, 1, "none")
 
 
 def test_memory_breakdown_matches_a_hand_computed_zero3_case():
@@ -51,7 +63,7 @@ def test_full_recomputation_keeps_inputs_plus_one_layer():
     shape = ModelShape(SMALL, 512)
     layout = Layout(tp=2, pp=1, dp_replicate=1, dp_shard=4, zero=3, micro_batch=2, activation_checkpoint="full")
     mem = memory_per_rank(shape, layout, gpu("h100"), microbatches=1)
-    assert mem.activations == (4 * 1024 + 25_600) * 1024
+    assert mem.activations == (4 * 1024 + 25_600 - 1024) * 1024  # 4 inputs + one layer's recomputed rest
 
 
 def test_pipeline_first_stage_holds_pp_microbatches_and_interleaving_adds_more():

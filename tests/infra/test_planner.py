@@ -79,7 +79,9 @@ def test_chosen_layout_converts_to_the_trainers_parallel_config(question):
     pc = layout.to_parallel_config(question.inputs.global_seqs)
     assert (pc.tp, pc.pp, pc.dp_shard * pc.dp_replicate) == (layout.tp, layout.pp, layout.dp)
     assert pc.pp_microbatches == 2048 // layout.dp // layout.micro_batch
-    assert pc.pp_schedule == ("Interleaved1F1B" if layout.virtual_stages > 1 else "1F1B")
+    assert pc.pp_schedule == layout.pp_schedule
+    overrides = layout.trainer_overrides(2048, 8192)
+    assert overrides["data.global_batch"] == 2048 and overrides["data.micro_batch"] == 0
 
 
 def test_sensitivity_moves_the_way_it_should(question):

@@ -7,7 +7,6 @@ import pytest
 
 from infra.reliability import goodput
 from infra.simulate import RunModel, simulate, simulate_run
-from infra.simulate import plot as plot_simulation
 
 HOUR, DAY = 3600.0, 86400.0
 BASE = dict(work_s=20 * DAY, interval_s=1800.0, blocking_s=20.0, commit_s=60.0, restart_s=600.0, mtbf_s=4 * HOUR)
@@ -62,10 +61,3 @@ def test_bad_models_are_rejected():
         RunModel(**{**BASE, "commit_s": 1.0})
     with pytest.raises(ValueError, match="--runs"):
         simulate(RunModel(**BASE), runs=0)
-
-
-def test_plot_writes_a_png(tmp_path):
-    sim = simulate(RunModel(**BASE), runs=10, seed=0)
-    path = tmp_path / "sim.png"
-    plot_simulation(sim, str(path), cost_per_s=1.0, deadline_days=25, budget=2e6)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -21,10 +21,36 @@ def test_layer_and_output_flops_add_up_to_the_model_flops():
     assert 126 * shape.layer_flops + shape.output_flops == pytest.approx(shape.flops_per_token)
 
 
-def test_stage_split_moves_a_layer_off_the_stage_with_the_output_projection():
-    split = split_stages(ModelShape(PRESETS["405b"], 8192), 16)
-    assert (split.first_layers, split.last_layers) == (8, 6)
-    assert 15 * split.first_layers + split.last_layers >= 126
+def test_trainer_split_is_even_with_the_remainder_on_earlier_stages():
+    shape = ModelShape(PRESETS["405b"], 8192)
+    split = split_stages(shape, 16)  # 126 = 14 × 8 + 2 × 7
+    assert (split.first_layers, split.last_layers, split.max_layers) == (8, 7, 8)
+    assert split.max_flops == pytest.approx(max(8 * shape.layer_flops, 7 * shape.layer_flops + shape.output_flops))
+
+
+def test_zbv_folds_the_first_and_last_stage_onto_rank_0():
+    shape = ModelShape(PRESETS["70b"], 8192)
+    split = split_stages(shape, 4, virtual_stages=2, folded=True)  # 8 stages of 10 layers
+    assert split.output_on_first and split.first_layers == 20
+    assert split.first_params == 20 * shape.layer_params + shape.embedding_params + shape.output_params
+
+
+def test_balanced_split_moves_layers_off_the_stage_with_the_output_projection():
+    split = split_stages(ModelShape(PRESETS["405b"], 8192), 16, balanced=True)
+    assert (split.first_layers, split.last_layers) == (8, 6)  # as Llama 3 did
+
+
+def test_zero_bubble_v_leaves_a_small_share_of_the_1f1b_bubble():
+    shape, h100 = ModelShape(PRESETS["70b"], 8192), gpu("h100")
+    base = dict(tp=8, pp=4, dp_replicate=1, dp_shard=128, zero=1, micro_batch=1)
+    one_f_one_b = step_time(shape, Layout(**base), h100, 2048)
+    zbv = step_time(shape, Layout(**base, pp_schedule="ZBVZeroBubble", virtual_stages=2), h100, 2048)
+    # per layer and token: F = (L + A)/3, B = L/3 + 2A/3, W = L/3 with L = 6·params, A = 12·H·Q·T
+    lin, att = 6 * shape.layer_params, 12 * 64 * 128 * 8192
+    share = ((lin + att) / 3 + lin / 3 + 2 * att / 3 - 2 * lin / 3) / (lin + att)
+    slot = (zbv.compute + zbv.recompute + zbv.tp_comm + zbv.pp_comm) / 16
+    assert zbv.bubble == pytest.approx(3 / 2 * slot * share)
+    assert zbv.bubble < 0.1 * one_f_one_b.bubble
 
 
 def test_one_gpu_without_communication_runs_at_the_compute_efficiency():
@@ -39,6 +65,13 @@ def test_full_recomputation_costs_one_more_forward_of_the_layers():
     step = step_time(shape, Layout(1, 1, 1, 1, 3, 1, "full"), gpu("h100"), 4, TimingAssumptions(compute=0.5))
     expected = 0.5 * shape.flops_per_token / (shape.flops_per_token + 12 * shape.layer_flops / 3)
     assert step.mfu == pytest.approx(expected)
+
+
+def test_selective_recomputation_costs_memory_traffic_not_flops():
+    shape = ModelShape(PRESETS["125m"], 2048)  # h 768, kv 256, f 2048, 12 layers
+    step = step_time(shape, Layout(1, 1, 1, 1, 3, 1, "selective"), gpu("h100"), 4)
+    per_token_layer = 18 * 768 + 4 * 256 + 10 * 2048
+    assert step.recompute == pytest.approx(4 * 2048 * 12 * per_token_layer / 3.35e12)
 
 
 def test_tensor_parallel_traffic_is_eight_ring_collectives_per_layer_over_nvlink():

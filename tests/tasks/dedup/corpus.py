@@ -31,7 +31,9 @@ def substitute(text_words: list[str], positions: list[int], seed: int = 0) -> li
     return out
 
 
-def write_documents(url: str, shards: list[list[tuple[str, str | None, float]]], fp: str = "input-fp") -> datasets.Manifest:
+def write_documents(
+    url: str, shards: list[list[tuple[str, str | None, float]]], fp: str = "input-fp"
+) -> datasets.Manifest:
     """A documents dataset with one shard per list of (id, text, quality_score)."""
     infos = []
     for i, rows in enumerate(shards):

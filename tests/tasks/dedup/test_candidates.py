@@ -12,7 +12,9 @@ def _records(rows):
 
 
 def test_exact_groups_link_every_copy_to_the_smallest_document():
-    records = _records([(7, 1, 30, EXACT_BAND), (7, 1, 10, EXACT_BAND), (7, 2, 20, EXACT_BAND), (7, 1, 40, EXACT_BAND), (9, 9, 50, 0)])
+    records = _records([
+        (7, 1, 30, EXACT_BAND), (7, 1, 10, EXACT_BAND), (7, 2, 20, EXACT_BAND), (7, 1, 40, EXACT_BAND), (9, 9, 50, 0),
+    ])
     a, b = exact_edges(records)
     assert sorted(zip(a.tolist(), b.tolist())) == [(10, 30), (10, 40)]  # (7, 2) differs in the low half
 

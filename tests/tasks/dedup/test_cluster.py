@@ -28,7 +28,8 @@ def test_a_long_chain_given_in_reverse_order_is_one_component():
 
 
 def test_a_star_and_self_loops_and_no_edges():
-    assert _components(connected_components(np.array([5, 5, 5, 2]), np.array([1, 3, 4, 2]), 6)) == [[0], [1, 3, 4, 5], [2]]
+    star = connected_components(np.array([5, 5, 5, 2]), np.array([1, 3, 4, 2]), 6)
+    assert _components(star) == [[0], [1, 3, 4, 5], [2]]
     assert connected_components(np.array([], dtype=np.int64), np.array([], dtype=np.int64), 3).tolist() == [0, 1, 2]
 
 

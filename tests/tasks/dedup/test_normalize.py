@@ -2,7 +2,7 @@ from tasks.dedup.normalize import normalize_text, normalized_words
 
 
 def test_case_punctuation_and_whitespace_do_not_matter():
-    assert normalize_text("Hello,  WORLD!\n\tIt's  me...") == normalize_text("hello world it s me") == "hello world it s me"
+    assert normalize_text("Hello,  WORLD!\n\tIt's  me...") == "hello world it s me"
 
 
 def test_nfkc_folds_compatibility_forms():

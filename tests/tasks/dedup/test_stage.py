@@ -1,6 +1,5 @@
 import hashlib
 import io
-import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -8,7 +7,6 @@ import pytest
 
 from tasks import datasets
 from tasks.dedup.config import DedupConfig
-from tasks.dedup.inputs import load_dedup_inputs
 from tasks.dedup.stage import run_dedup
 from tests.tasks.dedup.corpus import NAN, read_ids, substitute, words, write_documents
 
@@ -105,26 +103,3 @@ def test_redoing_deleted_work_gives_byte_identical_output(tmp_path):
     assert _data_files(root) == before
     assert again.stats["docs_out"] == out.stats["docs_out"]
     assert [s.sha256 for s in again.shards] == [s.sha256 for s in out.shards]
-
-
-def test_raw_jsonl_input_is_converted_and_bad_records_are_counted(tmp_path):
-    lines = [
-        json.dumps({"id": "x1", "text": " ".join(A), "quality_score": 0.4}),
-        "{not json",
-        json.dumps({"id": "x2", "text": " ".join(A) + "."}),
-        json.dumps({"id": "x3"}),
-        json.dumps({"id": "x4", "text": " ".join(B), "meta": {"k": 1}}),
-    ]
-    raw = tmp_path / "raw.jsonl"
-    raw.write_text("\n".join(lines) + "\n")
-    (converted,) = load_dedup_inputs([str(raw)], staging_url=f"file://{tmp_path}/staging")
-    assert converted.kind == "documents" and converted.rows == 3
-    assert converted.stats["failed.dedup_input_bad_json"] == 1
-    assert converted.stats["failed.dedup_input_missing_id_or_text"] == 1
-    out = run_dedup([converted], f"file://{tmp_path}/out", DedupConfig(), fingerprint="fp")
-    assert read_ids(out) == [["x1", "x4"]]
-
-
-def test_an_input_that_is_neither_dataset_nor_raw_file_is_a_clear_error(tmp_path):
-    with pytest.raises(datasets.DatasetError, match="neither a smelt documents dataset"):
-        load_dedup_inputs([str(tmp_path)])

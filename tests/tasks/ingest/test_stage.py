@@ -218,6 +218,7 @@ def test_a_worker_killed_mid_stage_leaves_output_identical_to_an_undisturbed_run
             procs.append(_dask("worker", "--scheduler-file", str(scheduler_file), "--nthreads", "1", "--no-nanny",
                                "--host", "127.0.0.1", "--no-dashboard", log=tmp_path / f"worker{i}.log"))
         out = tmp_path / "dask"
+        finished_at_kill: list[int] = []
         with Client(scheduler_file=str(scheduler_file), timeout="60s") as client:
             client.wait_for_workers(2, timeout=90)
 
@@ -226,10 +227,12 @@ def test_a_worker_killed_mid_stage_leaves_output_identical_to_an_undisturbed_run
                 done_dir = out / "_done"
                 _wait_for(lambda: done_dir.exists() and any(done_dir.iterdir()), 120, "a first finished shard")
                 os.killpg(procs[1].pid, signal.SIGKILL)  # one worker dies mid-stage
+                finished_at_kill.append(len(list(done_dir.iterdir())))
                 return client.gather(futures)
 
             manifest = ingest(inputs, "file://" + str(out), map_fn=killing_map)
         assert procs[1].wait(timeout=10) == -signal.SIGKILL
+        assert finished_at_kill[0] < len(inputs)
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -112,3 +112,13 @@ def test_the_tokenizer_inside_the_dataset_matches_the_manifest(tokens):
     assert datasets.file_sha256(fs, path) == tokens.meta["tokenizer_sha256"]
     assert json.loads(fs.cat_file(path))["decoder"]["type"] == "ByteLevel"
     assert np.dtype(tokens.meta["dtype"]).itemsize == 2
+
+
+def test_documents_without_an_id_are_split_by_content(tmp_path, tokenizer_dataset, small_cfg):
+    rows = [(None, TEXTS[i % len(TEXTS)] + f" #{i}") for i in range(30)]
+    first = write_documents(str(tmp_path / "a"), [rows])
+    second = write_documents(str(tmp_path / "b"), [rows[::-1]])
+    a = run_tokenize([first], tokenizer_dataset.meta["url"], str(tmp_path / "ta"), small_cfg, fingerprint="a")
+    b = run_tokenize([second], tokenizer_dataset.meta["url"], str(tmp_path / "tb"), small_cfg, fingerprint="b")
+    assert a.stats["docs.train"] + a.stats["docs.val"] == 30 and 0 < a.stats["docs.val"] < 30
+    assert sorted(decoded(a, "val")) == sorted(decoded(b, "val"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
 import os
@@ -32,8 +31,9 @@ from tasks.train.checkpoint import (
 from tasks.train.config import CheckpointConfig
 
 REPO = Path(__file__).resolve().parents[3]
-# DCP warns on every single-process save/load; single-process checkpoints are intended here.
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+# DCP warns on every single-process save/load and on rewriting a step; both are intended here.
+pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled"),
+              pytest.mark.filterwarnings("ignore:Detected an existing checkpoint")]
 
 
 class TinyNet(nn.Module):
@@ -162,7 +162,8 @@ def test_round_trip_restores_model_optimizer_progress_and_rng(tmp_path):
     assert float(np.random.rand()) == expected_draws[1]
     assert torch.equal(torch.rand(3), expected_draws[2])
     assert meta["step"] == 7 and meta["tokens"] == 700 and meta["loss"] == 2.5
-    assert meta["layout"] == {"dp_shard": 1} and meta["world_size"] == 1 and meta["model_prefix"] == "model_optim.model."
+    assert meta["layout"] == {"dp_shard": 1} and meta["world_size"] == 1
+    assert meta["model_prefix"] == "model_optim.model."
 
 
 def test_memory_url_run_dir_round_trips_through_fsspec(tmp_path):
@@ -310,11 +311,21 @@ def test_damaged_checkpoint_is_detected_and_skipped_for_the_previous_one(tmp_pat
     mgr.close()
 
 
+def test_cheap_verification_checks_sizes_but_not_checksums(tmp_path):
+    save_steps(tmp_path, [2, 4])
+    flip_byte(Path(step_url(str(tmp_path), 4).removeprefix("file://")) / "__0_0.distcp", 0)
+    shard = Path(step_url(str(tmp_path), 2).removeprefix("file://")) / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes() + b"!")
+    assert [c["step"] for c in list_committed(str(tmp_path), checksums=False)] == [4]
+    assert list_committed(str(tmp_path)) == []
+
+
 def test_list_committed_reports_step_url_tokens_and_loss_newest_last(tmp_path):
     save_steps(tmp_path, [1, 2])
+    common = {"world_size": 1, "config_fingerprint": "fp"}
     assert list_committed(str(tmp_path)) == [
-        {"step": 1, "url": step_url(str(tmp_path), 1), "tokens": 10, "loss": 1.0, "world_size": 1, "config_fingerprint": "fp"},
-        {"step": 2, "url": step_url(str(tmp_path), 2), "tokens": 20, "loss": 0.5, "world_size": 1, "config_fingerprint": "fp"},
+        {"step": 1, "url": step_url(str(tmp_path), 1), "tokens": 10, "loss": 1.0, **common},
+        {"step": 2, "url": step_url(str(tmp_path), 2), "tokens": 20, "loss": 0.5, **common},
     ]
 
 
@@ -415,7 +426,8 @@ def test_crash_in_save_leaves_an_uncommitted_checkpoint_that_is_skipped_and_keep
     crashed = Path(step_url(str(tmp_path), 4).removeprefix("file://"))
     assert (crashed / "__0_0.distcp").exists() and (crashed / ".metadata").exists()
     assert not (crashed / "manifest.json").exists()
-    assert verify_checkpoint(step_url(str(tmp_path), 4)) == [f"{step_url(str(tmp_path), 4)}: no manifest.json (the save did not commit)"]
+    url = step_url(str(tmp_path), 4)
+    assert verify_checkpoint(url) == [f"{url}: no manifest.json (the save did not commit)"]
     mgr = manager(tmp_path)
     assert mgr.latest_step() == 2
     mgr.close()

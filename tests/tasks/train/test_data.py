@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks import datasets
-from tasks.train.data import TokenLoader, _route, _chain, permute
+from tasks.train.data import TokenLoader, TokenStream, _chain, _route, permute
 
 VOCAB = 65536
 
@@ -130,6 +130,16 @@ def test_batch_is_windows_of_seq_len_plus_one_shifted_into_targets(counting):
     assert torch.equal(targets[:, -1], starts + 10)
 
 
+def test_a_stream_reads_any_span_across_shards_and_refuses_past_its_end(counting):
+    stream = TokenStream(counting, "train", 10, cache_dir=None)
+    out = np.empty(500, dtype=np.int64)
+    stream.read(300, 500, out)  # spans all three shards
+    assert out.tolist() == list(range(300, 800)) and stream.samples == 100 and stream.total == 1001
+    with pytest.raises(IndexError, match="outside the stream"):
+        stream.read(900, 200, np.empty(200, dtype=np.int64))
+    stream.close()
+
+
 def test_tokens_per_step_and_samples_consumed_count_global_work(counting):
     with loader(counting, global_batch=8, dp_rank=1, dp_size=2) as data:
         assert data.next_batch()[0].shape == (4, 10)
@@ -156,6 +166,16 @@ def test_switching_world_size_after_k_steps_sees_the_same_global_batches(countin
     before, state = global_batches(counting, k, d1, global_batch=6, seed=seed)
     after, _ = global_batches(counting, 4, d2, state=state, global_batch=6, seed=seed)
     assert state["samples_consumed"] == 6 * k
+    assert all(torch.equal(a, b) for a, b in zip(before + after, reference))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(d1=st.sampled_from([1, 2, 4]), d2=st.sampled_from([1, 2, 4]), k=st.integers(0, 30))
+def test_switching_world_size_keeps_a_mixture_on_the_same_global_batches(mixture, d1, d2, k):
+    weights = {"web": 0.7, "code": 0.3}
+    reference, _ = global_batches(mixture, k + 3, 1, weights=weights, global_batch=4)
+    before, state = global_batches(mixture, k, d1, weights=weights, global_batch=4)
+    after, _ = global_batches(mixture, 3, d2, state=state, weights=weights, global_batch=4)
     assert all(torch.equal(a, b) for a, b in zip(before + after, reference))
 
 
@@ -282,3 +302,18 @@ def test_prefetch_gives_the_same_batches_restarts_on_resume_and_stops_on_close(c
     assert all(torch.equal(a, b) for a, b in zip(first + again, plain[:4] + plain[1:6]))
     with pytest.raises(RuntimeError, match="closed"):
         data.next_batch()
+
+
+def test_a_read_error_in_the_prefetch_thread_surfaces_in_next_batch(tmp_path):
+    url = write_tokens_dataset(str(tmp_path / "gone"), [np.arange(200)], fp="gone")
+    data = loader(url, prefetch=2)
+    (tmp_path / "gone" / "train-00000.bin").unlink()  # shards are mapped on first read
+    with pytest.raises(FileNotFoundError):
+        data.next_batch()
+    data.close()
+
+
+def test_one_dataset_without_weights_has_weight_one(counting):
+    with loader(counting) as data:
+        assert data.state_dict() == {"samples_consumed": 0, "datasets": {"only": "counting"}, "weights": {"only": 1.0},
+                                     "split": "train", "seq_len": 10, "global_batch": 4, "seed": 0}

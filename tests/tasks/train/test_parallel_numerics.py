@@ -9,6 +9,7 @@ All layouts of one world size share one launch, to keep the test within budget o
 from __future__ import annotations
 
 import copy
+import multiprocessing
 import os
 import socket
 
@@ -114,7 +115,12 @@ def reference(corpus, tmp_path_factory) -> tuple[dict[str, torch.Tensor], list[f
 
 
 def launch(world: int, layouts: dict[str, list[str]], corpus: str, out_dir) -> dict[str, list[dict]]:
-    mp.spawn(_worker, args=(world, free_port(), corpus, str(out_dir), layouts), nprocs=world, join=True)
+    # A fork server that has imported torch and the trainer once saves each rank that import
+    # (tens of seconds on two shared cores), and unlike plain fork it never forks a process that
+    # has run OpenMP or gloo threads.
+    multiprocessing.set_forkserver_preload([__name__])
+    mp.start_processes(_worker, args=(world, free_port(), corpus, str(out_dir), layouts), nprocs=world,
+                       start_method="forkserver")
     return {name: [torch.load(out_dir / f"{name}.rank{r}.pt") for r in range(world)] for name in layouts}
 
 

@@ -1,0 +1,50 @@
+"""Layout rules that need neither memory nor timing: node size, divisibility, the trainer's schedules."""
+
+from infra.layout import Layout, ModelShape, check_shape
+from tasks.train.config import PRESETS
+
+SHAPE = ModelShape(PRESETS["70b"], 8192)
+
+
+def layout(**kw):
+    base = dict(tp=8, pp=4, dp_replicate=1, dp_shard=128, zero=1, micro_batch=1)
+    return Layout(**{**base, **kw})
+
+
+def test_valid_layouts_pass_and_have_readable_names():
+    zbv = layout(pp_schedule="ZBVZeroBubble", virtual_stages=2)
+    interleaved = layout(pp_schedule="Interleaved1F1B", virtual_stages=2, dp_replicate=16, dp_shard=8)
+    assert check_shape(zbv, SHAPE, 8, 2048) is None and check_shape(interleaved, SHAPE, 8, 2048) is None
+    assert zbv.name == "tp8·pp4zbv·fsdp128·zero1·mb1·ac-none"
+    assert interleaved.name == "tp8·pp4v2·hsdp16x8·zero1·mb1·ac-none"
+
+
+def test_each_rule_names_its_reason():
+    cases = {
+        "layout.tp_exceeds_node": (SHAPE, layout(tp=16, dp_shard=64)),
+        "layout.tp_indivisible": (SHAPE, layout(tp=3)),
+        "layout.seq_indivisible": (ModelShape(PRESETS["70b"], 8190), layout()),
+        "layout.tied_embeddings_with_pp": (ModelShape(PRESETS["1b"], 8192), layout()),
+        "layout.pp_exceeds_layers": (SHAPE, layout(pp=64, dp_shard=8, pp_schedule="Interleaved1F1B",
+                                                   virtual_stages=2)),
+        "layout.schedule_unsupported": (SHAPE, layout(pp_schedule="Interleaved1F1B", virtual_stages=4)),
+        "layout.batch_indivisible": (SHAPE, layout(micro_batch=32)),
+        "layout.interleave_needs_microbatches": (SHAPE, layout(pp=16, dp_shard=32, micro_batch=8,
+                                                               pp_schedule="ZBVZeroBubble", virtual_stages=2)),
+    }
+    for reason, (shape, candidate) in cases.items():
+        assert check_shape(candidate, shape, 8, 2048).reason == reason, reason
+
+
+def test_llama3_style_balanced_layouts_may_use_deeper_interleaving():
+    meta = Layout(tp=8, pp=16, dp_replicate=1, dp_shard=64, zero=1, micro_batch=1, pp_schedule="Interleaved1F1B",
+                  virtual_stages=7, balanced_stages=True)
+    assert check_shape(meta, ModelShape(PRESETS["405b"], 8192), 8, 2048) is None
+    assert meta.name.endswith("·balanced")
+
+
+def test_trainer_settings_for_a_layout_without_pipeline():
+    plain = Layout(tp=8, pp=1, dp_replicate=1, dp_shard=512, zero=2, micro_batch=2)
+    pc = plain.to_parallel_config(2048)
+    assert pc.zero2 and pc.pp_microbatches == 0 and pc.pp_schedule == "1F1B"
+    assert plain.trainer_overrides(2048, 8192)["data.micro_batch"] == 2

@@ -1,0 +1,53 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tasks import datasets
+from tasks.dedup.config import DedupConfig
+from tasks.dedup.inputs import load_dedup_inputs
+from tasks.dedup.stage import run_dedup
+from tests.tasks.dedup.corpus import read_ids, write_documents
+from tests.tasks.dedup.test_stage import A, B, SHARDS
+
+
+def test_raw_jsonl_input_is_converted_and_bad_records_are_counted(tmp_path):
+    lines = [
+        json.dumps({"id": "x1", "text": " ".join(A), "quality_score": 0.4}),
+        "{not json",
+        json.dumps({"id": "x2", "text": " ".join(A) + "."}),
+        json.dumps({"id": "x3"}),
+        json.dumps({"id": "x4", "text": " ".join(B), "meta": {"k": 1}}),
+    ]
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("\n".join(lines) + "\n")
+    (converted,) = load_dedup_inputs([str(raw)], staging_url=f"file://{tmp_path}/staging")
+    assert converted.kind == "documents" and converted.rows == 3
+    assert converted.stats["failed.dedup_input_bad_json"] == 1
+    assert converted.stats["failed.dedup_input_missing_id_or_text"] == 1
+    out = run_dedup([converted], f"file://{tmp_path}/out", DedupConfig(), fingerprint="fp")
+    assert read_ids(out) == [["x1", "x4"]]
+
+
+def test_raw_parquet_files_matched_by_a_glob_are_converted_once(tmp_path):
+    for name, ids in [("part-0.parquet", ["p1", "p2"]), ("part-1.parquet", ["p3"])]:
+        table = pa.table({"id": ids, "text": [" ".join(B)] * len(ids), "quality_score": [0.1] * len(ids)})
+        pq.write_table(table, tmp_path / name)
+    staging = f"file://{tmp_path}/staging"
+    (first,) = load_dedup_inputs([f"{tmp_path}/part-*.parquet"], staging_url=staging)
+    (second,) = load_dedup_inputs([f"{tmp_path}/part-*.parquet"], staging_url=staging)
+    assert first.rows == 3 and second.meta["url"] == first.meta["url"]
+    out = run_dedup([first], f"file://{tmp_path}/out", DedupConfig(), fingerprint="fp")
+    assert read_ids(out) == [["p1"], []]  # one shard per raw file; the copies p2, p3 go
+
+
+def test_a_documents_dataset_url_is_opened_as_is():
+    manifest = write_documents("memory://inputs-dataset", SHARDS)
+    (opened,) = load_dedup_inputs(["memory://inputs-dataset"])
+    assert opened.fingerprint == manifest.fingerprint and opened.rows == 10
+
+
+def test_an_input_that_is_neither_dataset_nor_raw_file_is_a_clear_error(tmp_path):
+    with pytest.raises(datasets.DatasetError, match="neither a smelt documents dataset"):
+        load_dedup_inputs([str(tmp_path)])
