@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -108,15 +107,15 @@ def top_ngram_char_frac(words: list[str], n: int, total_chars: int) -> float:
 def dup_ngram_char_frac(words: list[str], n: int, total_chars: int) -> float:
     """Characters of words covered by a repeated occurrence (not the first) of any n-gram / all word characters."""
     grams = ngrams(words, n)
-    # each n-gram's first position: built from the end, so earlier positions overwrite later ones
-    first_position = dict(zip(reversed(grams), range(len(grams) - 1, -1, -1)))
-    if total_chars == 0 or len(first_position) == len(grams):  # the common case: nothing repeats
+    if total_chars == 0 or len(set(grams)) == len(grams):  # the common case: nothing repeats
         return 0.0
-    positions = range(len(grams))
-    repeats = itertools.compress(positions, map(operator.ne, map(first_position.__getitem__, grams), positions))
+    seen: set[tuple[str, ...]] = set()
     covered = bytearray(len(words))
-    for start in repeats:
-        covered[start : start + n] = b"\x01" * n
+    for start, gram in enumerate(grams):
+        if gram in seen:
+            covered[start : start + n] = b"\x01" * n
+        else:
+            seen.add(gram)
     return sum(itertools.compress(map(len, words), covered)) / total_chars
 
 

@@ -132,8 +132,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        self.tie_weights()
         # Recomputed by init_weights (a meta buffer has no values); not saved in checkpoints.
         self.register_buffer("rope", rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False)
 
@@ -143,6 +142,12 @@ class Transformer(nn.Module):
             h = layer(h, self.rope)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h  # (B, T, V) logits or (B, T, D)
+
+    def tie_weights(self) -> None:
+        """Share the embedding matrix with the output layer if configured. Called again after
+        ``to_empty``, which gives every module a fresh tensor and so unties them."""
+        if self.cfg.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
 
     # -- initialisation --------------------------------------------------------------------
 
@@ -179,6 +184,7 @@ class Transformer(nn.Module):
         """Fill every parameter and buffer (after ``to_empty``). ``assign(param, full_value)`` writes a
         full value into a possibly sharded parameter; by default a plain copy."""
         assign = assign or (lambda param, value: param.copy_(value))
+        self.tie_weights()
         for name, param in self.named_parameters():
             assign(param, self.initial_value(name, param.shape, param.dtype, param.device, seed))
         self.rope = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta, device=self.rope.device)

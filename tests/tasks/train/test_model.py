@@ -13,7 +13,8 @@ PUBLISHED = {"8b": 8.03e9, "70b": 70.6e9}
 
 
 def small(**overrides) -> Transformer:
-    cfg = preset("tiny", vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=48, **overrides)
+    shape = dict(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=48)
+    cfg = preset("tiny", **{**shape, **overrides})
     with torch.device("meta"):
         model = Transformer(cfg)
     model.to_empty(device="cpu")
