@@ -79,9 +79,10 @@ class Corpus:
         self.render_seed: list[int] = []
         n_variants = int(n_docs * dup_share)
         n_base = n_docs - n_variants
-        for _ in range(n_base):
-            length = int(np.clip(self.rng.lognormal(math.log(250), 0.5), 40, 2000))
-            self.tokens.append(self._words(length))
+        lengths = np.clip(self.rng.lognormal(math.log(250), 0.5, size=n_base), 40, 2000).astype(np.int64)
+        words = np.concatenate([self._words(int(n)) for n in np.array_split(lengths, max(1, n_base // 20_000))
+                                for n in [n.sum()]])
+        self.tokens = np.split(words, np.cumsum(lengths)[:-1]) if n_base else []
         family: dict[int, list[int]] = {}
         for _ in range(n_variants):
             root = int(self.rng.integers(n_base))

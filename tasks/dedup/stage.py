@@ -273,16 +273,24 @@ def pair_bucket(plan: DedupPlan, bucket: int) -> ShardResult:
 # Phase 3: clusters, survivors, drop lists and the clusters dataset
 
 
-def _document_fields(plan: DedupPlan, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, quality scores) of documents, reading only the shards they live in."""
-    ids = np.empty(len(docs), dtype=object)
-    quality = np.full(len(docs), np.nan)
-    shards, rows = split_doc(docs)
-    for shard in np.unique(shards):
-        where = np.flatnonzero(shards == shard)
-        table = read_table(plan.shard_urls[shard], ["id", "quality_score"]).take(rows[where])
-        ids[where] = [i if i is not None else "" for i in table.column("id").to_pylist()]
-        quality[where] = [np.nan if q is None else q for q in table.column("quality_score").to_pylist()]
+def _shard_ranges(sorted_docs: np.ndarray, n_shards: int) -> list[tuple[int, slice]]:
+    """(shard, slice of ``sorted_docs`` in it) for every shard, from sorted document keys."""
+    shards, _ = split_doc(sorted_docs)
+    bounds = np.searchsorted(shards, np.arange(n_shards + 1))
+    return [(shard, slice(bounds[shard], bounds[shard + 1])) for shard in range(n_shards)]
+
+
+def _document_fields(plan: DedupPlan, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, quality scores) of sorted documents, reading only the shards they live in."""
+    ids = np.empty(len(nodes), dtype=object)
+    quality = np.full(len(nodes), np.nan)
+    _, rows = split_doc(nodes)
+    for shard, part in _shard_ranges(nodes, len(plan.shard_urls)):
+        if part.start == part.stop:
+            continue
+        table = read_table(plan.shard_urls[shard], ["id", "quality_score"]).take(rows[part])
+        ids[part] = [i if i is not None else "" for i in table.column("id").to_pylist()]
+        quality[part] = [np.nan if q is None else q for q in table.column("quality_score").to_pylist()]
     return ids, quality
 
 
@@ -328,10 +336,10 @@ def cluster_all(plan: DedupPlan, _item: int = 0) -> ShardResult:
         sims[near] = similarity(plan.store(), nodes[near], nodes[survivors[near]], cfg.verify)
 
         written = []
-        shards, rows = split_doc(nodes)
-        for shard in range(len(plan.shard_urls)):
-            mine = dropped & (shards == shard)
-            drops = np.zeros(int(mine.sum()), dtype=DROP)
+        _, rows = split_doc(nodes)
+        for shard, part in _shard_ranges(nodes, len(plan.shard_urls)):
+            mine = np.flatnonzero(dropped[part]) + part.start
+            drops = np.zeros(len(mine), dtype=DROP)
             drops["row"] = rows[mine]  # nodes are sorted, so rows are ascending
             drops["reason"] = np.where(exact[mine], EXACT, NEAR)
             written.append(_write_npy(url, f"_work/clusters/drops-{shard:05d}.npy", drops))

@@ -41,17 +41,23 @@ class SignatureStore:
     shingle_urls: list[str] | None = None
 
     def _by_shard(self, docs: np.ndarray):
+        """(shard, positions in ``docs``, rows) for each shard the documents live in."""
+        if len(docs) == 0:
+            return
         shards, rows = split_doc(docs)
-        for shard in np.unique(shards):
-            where = np.flatnonzero(shards == shard)
-            yield int(shard), where, rows[where]
+        order = np.argsort(shards, kind="stable")
+        bounds = np.flatnonzero(np.r_[True, shards[order][1:] != shards[order][:-1], True])
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            where = order[lo:hi]
+            yield int(shards[where[0]]), where, rows[where]
 
     def signatures(self, docs: np.ndarray) -> np.ndarray:
-        out = None
-        for shard, where, rows in self._by_shard(docs):
-            values = NpyFile(self.signature_urls[shard]).rows(rows)
-            if out is None:
-                out = np.empty((len(docs), values.shape[1]), dtype=values.dtype)
+        """(len(docs), P) signatures, in the order of ``docs``."""
+        parts = [(where, NpyFile(self.signature_urls[s]).rows(rows)) for s, where, rows in self._by_shard(docs)]
+        if not parts:
+            return np.zeros((0, 0), dtype=np.uint64)
+        out = np.empty((len(docs), parts[0][1].shape[1]), dtype=parts[0][1].dtype)
+        for where, values in parts:
             out[where] = values
         return out
 

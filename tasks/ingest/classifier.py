@@ -24,7 +24,7 @@ from tasks import datasets
 from tasks.datasets import Stats
 from tasks.ingest.base import Document
 from tasks.ingest.config import ClassifierConfig
-from tasks.ingest.langid import LABEL_PREFIX, load_fasttext_model, model_fingerprint, predict_top
+from tasks.ingest.langid import LABEL_PREFIX, load_fasttext_model, model_fingerprint, one_utf8_line, predict_top
 from tasks.ingest.text import ProseFilter, batched, is_code
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def normalize_for_classifier(text: str, cfg: ClassifierConfig) -> str:
     """One line of single-spaced text (fastText's input unit), identical at training and predict time."""
     if cfg.max_chars:
         text = text[: cfg.max_chars]
-    text = " ".join(text.split())
+    text = " ".join(one_utf8_line(text).split())
     return text.lower() if cfg.lowercase else text
 
 

@@ -99,9 +99,18 @@ def load_fasttext_model(url: str, stamp: str = "") -> Any:
         return model
 
 
+def one_utf8_line(text: str) -> str:
+    """fastText takes one line of valid UTF-8: a lone surrogate would fail the whole batch."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text.replace("\n", " ").replace("\r", " ")
+
+
 def predict_top(model: Any, texts: list[str], k: int = 1) -> tuple[list[list[str]], list[list[float]]]:
     """Top-``k`` labels (prefix removed) and probabilities for each text; newlines become spaces."""
-    lines = [t.replace("\n", " ").replace("\r", " ") for t in texts]
+    lines = [one_utf8_line(t) for t in texts]
     labels, probs = model.predict(lines, k=k)
     return (
         [[label[len(LABEL_PREFIX):] for label in row] for row in labels],

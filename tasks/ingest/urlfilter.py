@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Iterable, Iterator
 from urllib.parse import urlsplit
 
 from tasks import datasets
+from tasks.datasets import Stats
 from tasks.ingest.base import Document, Filter
 from tasks.ingest.config import URLFilterConfig
 
@@ -73,7 +75,7 @@ class URLFilter(Filter):
     def active(self) -> bool:
         return self.cfg.enabled and bool(self.cfg.blocked_domains_url or self.cfg.banned_words_url)
 
-    def run(self, docs, stats, rejects=None):
+    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
         if not self.active:
             yield from docs
             return

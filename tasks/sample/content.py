@@ -59,6 +59,7 @@ LOREM_WORDS = (
 ).split()
 LOREM_OPENING = "Lorem ipsum dolor sit amet, consectetur adipiscing elit."
 
+_TRAILING_PUNCTUATION = ".,;:!?)\"'"
 _DEFINED_NAME = re.compile(r"^(?: {4})?(?:async def|def|class) ([A-Za-z_]\w*)", re.MULTILINE)
 
 
@@ -70,10 +71,6 @@ class Content:
     paragraphs: list[str]
     note: str = ""
     code: str | None = None
-
-
-def words_in(paragraphs: list[str]) -> int:
-    return sum(len(p.split()) for p in paragraphs)
 
 
 def slugify(text: str, max_len: int = 60) -> str:
@@ -281,7 +278,8 @@ def edit_words(paragraphs: list[str], rng: random.Random) -> tuple[list[str], in
     """Replace, insert or delete 1-5% of the words of ``paragraphs`` at distinct positions.
 
     Returns the edited paragraphs, the number of words before editing and the count of each
-    operation. Paragraph breaks are kept.
+    operation. Paragraph breaks and sentence ends are kept: a word that ends a clause is
+    replaced rather than deleted, and its replacement keeps the punctuation.
     """
     vocabulary = sources.english_vocabulary()
     words = [(i, w) for i, p in enumerate(paragraphs) for w in p.split()]
@@ -289,11 +287,14 @@ def edit_words(paragraphs: list[str], rng: random.Random) -> tuple[list[str], in
     edits = max(1, round(total * rng.uniform(MIN_EDIT_RATE, MAX_EDIT_RATE)))
     counts = {"replace": 0, "insert": 0, "delete": 0}
     for position in sorted(rng.sample(range(total), edits), reverse=True):
-        op = rng.choice(("replace", "insert", "delete"))
-        counts[op] += 1
         para, word = words[position]
+        core = word.rstrip(_TRAILING_PUNCTUATION)
+        op = rng.choice(("replace", "insert", "delete"))
+        if op == "delete" and core != word:
+            op = "replace"
+        counts[op] += 1
         if op == "replace":
-            words[position] = (para, _different_word(word, vocabulary, rng))
+            words[position] = (para, _different_word(core, vocabulary, rng) + word[len(core):])
         elif op == "insert":
             words.insert(position + 1, (para, rng.choice(vocabulary)))
         else:

@@ -480,7 +480,7 @@ class CheckpointManager:
     def _hash_own_files(self, url: str, metadata) -> list[datasets.ShardInfo]:
         """Size and sha256 of the files this rank wrote (``__<rank>_*``, plus ``.metadata`` on rank 0)."""
         rows = Counter(info.relative_path for info in metadata.storage_data.values())
-        prefix = f"__{self.rank if self._distributed else 0}_"
+        prefix = f"__{dist.get_rank(self._group) if self._distributed else 0}_"  # DCP names files by group rank
         names = sorted(name for name in rows if name.startswith(prefix))
         if self.rank == 0:
             names.append(DCP_METADATA)
@@ -555,7 +555,8 @@ class CheckpointManager:
         same_world = manifest.meta.get("world_size") == self.world_size
         rng_keys = [k for k, v in app_state.items() if isinstance(v, RNGState)]
         to_load = {k: v for k, v in app_state.items() if same_world or k not in rng_keys}
-        dcp.load(to_load, storage_reader=storage_reader(url), process_group=self._group, no_dist=not self._distributed)
+        dcp.load(to_load, storage_reader=storage_reader(url), process_group=self._group,
+                 no_dist=not self._distributed)
         if not same_world:
             for key in rng_keys:
                 app_state[key].reseed(step)

@@ -110,6 +110,7 @@ def test_too_few_documents_to_hold_out_is_a_clear_error(tmp_path):
 def test_normalization_makes_one_lowercase_line_of_capped_length():
     cfg = ClassifierConfig(max_chars=12)
     assert normalize_for_classifier("Hello\n\n  World\tand more", cfg) == "hello wor"  # capped before spaces are collapsed
+    assert normalize_for_classifier("bad \ud800 byte", cfg) == "bad ? byte"
 
 
 def write_documents(url: str, texts: list[str]) -> None:

@@ -66,6 +66,13 @@ def test_multiline_and_empty_texts_are_labelled_without_error():
     assert all(d.lang and 0.0 <= d.lang_score <= 1.0 for d in batch)
 
 
+def test_a_lone_surrogate_does_not_break_its_batch():
+    batch = docs(ENGLISH, "broken \ud800 text " + GERMAN)
+    kept = list(LanguageFilter(LangIdConfig(keep_languages=["en", "de"])).run(batch, Stats()))
+    assert [d.lang for d in kept] == ["en", "de"]
+    assert "\ud800" in kept[1].text  # the document itself is not changed
+
+
 def test_documents_are_labelled_in_batches_and_keep_their_order():
     texts = [ENGLISH, GERMAN, FRENCH, ENGLISH, GERMAN]
     kept = list(LanguageFilter(LangIdConfig(keep_languages=["en", "de", "fr"], batch_size=2)).run(docs(*texts), Stats()))
