@@ -27,6 +27,7 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.a
     sys.path.pop(0)
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
@@ -79,10 +80,9 @@ def main() -> None:
         model = Transformer(cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
         tokens = torch.randint(0, cfg.vocab_size, (1, args.seq_len + 1))
-        train_step(model, opt, tokens)  # creates the AdamW moments
-        step_s = train_step(model, opt, tokens)
+        step_s = min(train_step(model, opt, tokens) for _ in range(2))  # the first also creates AdamW's moments
         app = {"model_optim": ModelOptimState(model, opt)}
-        meta = {"model": {"dim": cfg.dim}}
+        meta = {"model": dataclasses.asdict(cfg)}
 
         sync = CheckpointManager(f"{work}/sync", CheckpointConfig(async_mode="off"), rank=0, world_size=1,
                                  config_fingerprint="bench")
@@ -102,6 +102,7 @@ def main() -> None:
         background.wait_for_commit()
         staging_s = timed(lambda: (background.maybe_save(3, app, meta, force=True), background.wait_for_staging()))
         background.close()
+        step_s = min(step_s, train_step(model, opt, tokens))  # warm-up steps run slow on a cold allocator
 
         print(json.dumps({
             "params": sum(p.numel() for p in model.parameters()),

@@ -80,8 +80,8 @@ class Corpus:
         n_variants = int(n_docs * dup_share)
         n_base = n_docs - n_variants
         lengths = np.clip(self.rng.lognormal(math.log(250), 0.5, size=n_base), 40, 2000).astype(np.int64)
-        words = np.concatenate([self._words(int(n)) for n in np.array_split(lengths, max(1, n_base // 20_000))
-                                for n in [n.sum()]])
+        chunks = np.array_split(lengths, max(1, n_base // 20_000))  # bounds the float draws in memory
+        words = np.concatenate([self._words(int(chunk.sum())) for chunk in chunks])
         self.tokens = np.split(words, np.cumsum(lengths)[:-1]) if n_base else []
         family: dict[int, list[int]] = {}
         for _ in range(n_variants):

@@ -129,6 +129,7 @@ def main() -> None:
         "docs_out": int(stats.get("docs_out", 0)),
         "files": len(inputs),
         "one_worker_s": round(one_s, 2),
+        "one_worker_in_shards_s": round(stats.get("time.shard_s", 0.0), 2),
         f"{args.workers}_workers_s": round(many_s, 2),
         "same_output": stats.get("docs_out") == many_stats.get("docs_out"),
         "input": source,

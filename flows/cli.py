@@ -23,6 +23,11 @@ app.add_typer(tokenizer_app, name="tokenizer")
 app.add_typer(classifier_app, name="quality-classifier")
 console = Console(stderr=True)
 
+
+def _out() -> Console:
+    """Tables on stdout; wide enough for drop reasons when stdout is a file or a pipe."""
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Run config TOML (default configs/demo.toml).")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: section.key=value (repeatable).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
@@ -36,6 +41,8 @@ def _prefect_env() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tasks,flows")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+    # The temporary local server can take well over the default 20 s to start on a busy 2-core machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
 def _config(path: Optional[Path], overrides: Optional[list[str]]):
@@ -85,7 +92,7 @@ def run(
     del cfg
     result = crawl_to_model(inputs=input, root=root, config_path=str(config) if config else None,
                             overrides=overrides, dask_address=dask_address)
-    _emit(result, as_json, lambda r: render_run_summary(r, Console()))
+    _emit(result, as_json, lambda r: render_run_summary(r, _out()))
 
 
 def _check_inputs(section: str, inputs: list[str]) -> None:
@@ -109,7 +116,7 @@ def _stage_command(flow_fn, section: str, inputs: list[str], output: Optional[st
     cfg = _config(config, set_)
     _check_inputs(section, inputs)
     result = flow_fn(inputs=inputs, root=root, config=config_section(cfg, section), output=output, **kwargs)
-    _emit(result, as_json, lambda r: render_stage(r, Console()))
+    _emit(result, as_json, lambda r: render_stage(r, _out()))
 
 
 @app.command()
@@ -204,7 +211,7 @@ def train(
               lambda r: console.print_json(json.dumps(r, default=str)))
         return
     result = train_flow(data=data, root=root, config=section(cfg, "train"), launch=section(cfg, "launch"), run_dir=run_dir)
-    _emit(result, as_json, lambda r: render_train(r, Console()))
+    _emit(result, as_json, lambda r: render_train(r, _out()))
 
 
 @app.command("eval")
@@ -223,7 +230,7 @@ def evaluate(
 
     cfg = _config(config, set_)
     result = eval_flow(checkpoint=checkpoint, data=data, root=root, config=section(cfg, "eval"))
-    _emit(result, as_json, lambda r: render_eval(r, Console()))
+    _emit(result, as_json, lambda r: render_eval(r, _out()))
 
 
 @app.command()

@@ -29,6 +29,9 @@ def dask_cluster(address: str | None = None, n_workers: int | None = None) -> It
         return
     from distributed import LocalCluster
 
+    # The scheduler runs in this process; its INFO lines (workers joining, leaving) drown the
+    # stage's own progress.
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     workers = n_workers or max(1, min(os.cpu_count() or 1, 8))
     # One thread per worker process: the hot loops (trafilatura, fastText, tokenizers) hold the GIL
     # for long stretches, so processes, not threads, give the parallelism.

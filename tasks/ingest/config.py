@@ -270,10 +270,11 @@ class ExtractConfig:
     # Per-page time limit (datatrove uses 0.1 s on datacenter cores; a shared laptop core needs more).
     timeout_s: float = 5.0
     max_html_bytes: int = 5_000_000  # bigger pages are dropped (dropped.extract_too_large)
-    # Code pages keep their code: code blocks (<pre>, code tables) that trafilatura left out are added
-    # back when they hold at least this share of the page's text and each at least min chars.
+    # Code pages keep their code: a page whose code blocks (<pre>, multi-line <code>, code tables)
+    # hold at least this share of its text is a code page (meta.format = "code", not judged by the
+    # prose rules), and blocks trafilatura left out are added back. Blocks under min chars don't count.
     keep_code: bool = True
-    code_page_min_share: float = 0.3
+    code_page_min_share: float = 0.5
     code_block_min_chars: int = 40
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ next Python bytecode; trafilatura's work is a Python loop over lxml calls, so it
 lxml call, and the size cap (``max_html_bytes``) bounds how long any single lxml call can take.
 ``ExtractTimeout`` derives from ``BaseException`` so trafilatura's own ``except Exception`` blocks
 do not swallow it. (A subprocess per worker would also stop a runaway C call, at the price of
-shipping every page across a pipe and a process per worker; datatrove takes that route.)
+shipping every page across a pipe and keeping a second process per worker.)
 
 Code pages keep their code: trafilatura keeps ``<pre>`` blocks, but drops code laid out in tables
 (line-numbered listings) when tables are excluded, as FineWeb excludes them. When code blocks hold
@@ -191,6 +191,7 @@ class Extract(Step):
                 yield doc
                 continue
             stats.add("extract.in")
+            # characters ≤ UTF-8 bytes: the first test spares encoding a huge page
             if len(doc.text) > self.cfg.max_html_bytes or len(doc.text.encode("utf-8", "replace")) > self.cfg.max_html_bytes:
                 stats.add("dropped.extract_too_large")
                 continue

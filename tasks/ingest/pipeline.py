@@ -125,7 +125,9 @@ class ParquetSink:
         return self.rows
 
 
-def _consume(docs: Iterable[Document], sink: ParquetSink) -> int:
+def write_parquet(docs: Iterable[Document], cfg: OutputConfig, f) -> int:
+    """Write ``docs`` to the open file ``f`` as a document shard; returns the row count."""
+    sink = ParquetSink(f, cfg)
     for doc in docs:
         sink.append(doc)
     return sink.close()
@@ -139,8 +141,10 @@ def ingest_shard(input_url: str, output_url: str, shard_index: int, cfg: IngestC
     """Read, filter and write one input file as shard ``docs-<shard_index>.parquet`` of ``output_url``.
 
     Idempotent (``datasets.run_shard``): a finished shard is reused, an unfinished one is redone
-    from scratch and comes out byte-identical. With ``output.write_exclusions`` the dropped
-    documents go to ``<output_url>/excluded/<same name>`` (the shard's info has ``extra.excluded``).
+    from scratch and comes out byte-identical. With ``output.write_exclusions`` the documents the
+    filters drop go to ``<output_url>/excluded/<same name>`` with ``meta.dropped_by`` (the shard's
+    info has ``extra.excluded``); records that fail reading or extraction hold no text worth
+    inspecting and are only counted.
     """
     name = shard_name(shard_index)
     work = functools.partial(_ingest_file, input_url, output_url, name, cfg)
@@ -165,25 +169,26 @@ def _ingest_file(input_url: str, output_url: str, name: str, cfg: IngestConfig) 
     step_stats: dict[str, Stats] = {READ_STEP: Stats()}
     read_stats = step_stats[READ_STEP]
     docs = _counted(read_documents(input_url, cfg.reader, read_stats), read_stats, f"funnel.{READ_STEP}.out")
-    shards: list[ShardInfo] = []
-
-    def write_kept(f) -> int:
-        sink = ParquetSink(f, cfg.output)
-        if not cfg.output.write_exclusions:
-            return _consume(run_steps(docs, steps, step_stats), sink)
-        written: list[int] = []
-
-        def write_excluded(g) -> int:
-            rejects = ParquetSink(g, cfg.output)
-            written.append(_consume(run_steps(docs, steps, step_stats, rejects), sink))
-            return rejects.close()
-
-        excluded = datasets.write_shard(datasets.join(output_url, EXCLUDED), name, write_excluded)
-        shards.append(dataclasses.replace(excluded, name=f"{EXCLUDED}/{name}", extra={"excluded": True}))
-        return written[0]
-
-    shards.insert(0, datasets.write_shard(output_url, name, write_kept))
+    if cfg.output.write_exclusions:
+        shards = list(_write_with_exclusions(docs, steps, step_stats, output_url, name, cfg.output))
+    else:
+        write = functools.partial(write_parquet, run_steps(docs, steps, step_stats), cfg.output)
+        shards = [datasets.write_shard(output_url, name, write)]
     stats = merge_step_stats(step_stats)
     stats.add("docs_out", shards[0].rows)
     stats.add("time.shard_s", time.perf_counter() - started)
     return ShardResult(shards, stats)
+
+
+def _write_with_exclusions(docs, steps, step_stats, output_url: str, name: str, cfg: OutputConfig) -> tuple[ShardInfo, ShardInfo]:
+    """(kept shard, excluded shard) in one pass: the kept shard is written while the excluded one is open."""
+    kept: list[ShardInfo] = []
+
+    def write_excluded(g) -> int:
+        rejects = ParquetSink(g, cfg)
+        write = functools.partial(write_parquet, run_steps(docs, steps, step_stats, rejects), cfg)
+        kept.append(datasets.write_shard(output_url, name, write))
+        return rejects.close()
+
+    excluded = datasets.write_shard(datasets.join(output_url, EXCLUDED), name, write_excluded)
+    return kept[0], dataclasses.replace(excluded, name=f"{EXCLUDED}/{name}", extra={"excluded": True})

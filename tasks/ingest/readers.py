@@ -22,6 +22,7 @@ Network and permission errors are not data faults: they raise, so the work item 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import hashlib
 import io
@@ -106,15 +107,19 @@ def _expand_one(url: str) -> list[str]:
     return [fs.unstrip_protocol(p) for p in found]
 
 
-def open_input(url: str) -> IO[bytes]:
+@contextlib.contextmanager
+def open_input(url: str) -> Iterator[IO[bytes]]:
     """A binary stream of ``url``'s uncompressed bytes; truncated gzip/zstd raise ``EOFError``."""
-    raw = fsspec.open(url, "rb").open()
-    name = url.lower()
-    if name.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if name.endswith(".zst"):
-        return io.BufferedReader(ZstdReader(raw), buffer_size=READ_CHUNK)
-    return raw
+    with fsspec.open(url, "rb") as raw:
+        name = url.lower()
+        if name.endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
+                yield stream
+        elif name.endswith(".zst"):
+            with io.BufferedReader(ZstdReader(raw), buffer_size=READ_CHUNK) as stream:
+                yield stream
+        else:
+            yield raw
 
 
 class ZstdReader(io.RawIOBase):
@@ -129,34 +134,35 @@ class ZstdReader(io.RawIOBase):
 
         self._raw = raw
         self._new = zstandard.ZstdDecompressor().decompressobj
-        self._dobj = self._new()
+        self._frame = self._new()
         self._in_frame = False
-        self._pending = b""
+        self._out = memoryview(b"")
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        while not self._pending:
+        while not self._out:
             chunk = self._raw.read(READ_CHUNK)
             if not chunk:
                 if self._in_frame:
                     raise EOFError("zstd stream ended inside a frame (truncated file)")
                 return 0
-            while chunk:
-                self._in_frame = True
-                self._pending += self._dobj.decompress(chunk)
-                chunk = b""
-                if self._dobj.eof:
-                    chunk, self._dobj, self._in_frame = self._dobj.unused_data, self._new(), False
-        n = min(len(buffer), len(self._pending))
-        buffer[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
+            self._out = memoryview(self._decompress(chunk))
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
         return n
 
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
+    def _decompress(self, chunk: bytes) -> bytes:
+        out = []
+        while chunk:
+            self._in_frame = True
+            out.append(self._frame.decompress(chunk))
+            chunk = b""
+            if self._frame.eof:  # the frame ended inside this chunk: the rest starts the next frame
+                chunk, self._frame, self._in_frame = self._frame.unused_data, self._new(), False
+        return b"".join(out)
 
 
 def input_size(url: str) -> int:
@@ -198,11 +204,10 @@ def decode_payload(payload: bytes, declared: str, cfg: ReaderConfig) -> tuple[st
             return _checked(payload.decode(codec), codec, 0, cfg)
         except UnicodeDecodeError:
             continue
-    damaged = [(text.count("\ufffd"), codec, text) for codec in candidates if (text := payload.decode(codec, "replace"))]
-    if damaged:
-        replaced, codec, text = min(damaged, key=lambda d: d[0])
-        if (decoded := _checked(text, codec, replaced, cfg)) is not None:
-            return decoded
+    repaired = [(payload.decode(codec, "replace"), codec) for codec in candidates]
+    text, codec = min(repaired, key=lambda tc: tc[0].count("\ufffd"))
+    if (decoded := _checked(text, codec, text.count("\ufffd"), cfg)) is not None:
+        return decoded
     import charset_normalizer
 
     best = charset_normalizer.from_bytes(payload[: cfg.charset_detection_bytes]).best()
@@ -298,13 +303,6 @@ class _EOFWatch:
     def read(self, size: int = -1) -> bytes:
         try:
             return self._read(size)
-        except EOFError:
-            self.truncated = True
-            raise
-
-    def readline(self, size: int = -1) -> bytes:
-        try:
-            return self._raw.readline(size)
         except EOFError:
             self.truncated = True
             raise

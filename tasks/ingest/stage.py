@@ -46,6 +46,7 @@ def run_ingest(
     work = functools.partial(ingest_work_item, output_url=output_url, cfg=cfg)
     results: list[ShardResult] = map_fn(work, list(enumerate(urls)), label=STAGE)
 
+    _remove_partial_files(output_url)
     stats = sum((r.stats for r in results), Stats())
     kept = [s for r in results for s in r.shards if not s.extra.get("excluded")]
     if cfg.output.write_exclusions:
@@ -61,6 +62,15 @@ def run_ingest(
     log.info("ingest: %d files, %d records → %d documents", len(urls), stats.get("read.records", 0),
              stats.get("docs_out", 0))
     return manifest
+
+
+def _remove_partial_files(output_url: str) -> None:
+    """Delete temporary files left by work items that died mid-write (their shards were redone)."""
+    fs, path = datasets.filesystem(output_url)
+    for pattern in (f"{path}/.tmp-*", f"{path}/{EXCLUDED}/.tmp-*", f"{path}/_done/.tmp-*"):
+        for leftover in fs.glob(pattern):
+            log.info("removing %s, left by an interrupted work item", leftover)
+            fs.rm(leftover)
 
 
 def funnel(manifest: Manifest | Mapping) -> list[tuple[str, int]]:

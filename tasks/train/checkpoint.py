@@ -336,6 +336,7 @@ class CheckpointManager:
         self._committer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="smelt-ckpt-commit")
         self._pending: _PendingSave | None = None
         self._last_step: int | None = None
+        self._verified_step: int | None = None
         self._last_time = time.monotonic()
 
     # ---- saving ----------------------------------------------------------------------------
@@ -353,6 +354,7 @@ class CheckpointManager:
             log.warning("checkpoint step %d waits for step %d to finish writing; raise checkpoint.interval_steps",
                         step, self._pending.step)
         self._finish_pending()
+        self._verified_step = None
         write_started = time.monotonic()
         url = step_url(self.run_dir_url, step)
         if self.rank == 0:
@@ -532,6 +534,7 @@ class CheckpointManager:
         candidates = self._broadcast(newest_first)  # one listing: stores may list differently per host
         for step, url in candidates:
             if self._good(url):
+                self._verified_step = step
                 return step
         return None
 
@@ -545,7 +548,7 @@ class CheckpointManager:
         else:
             self._finish_pending()
             url = step_url(self.run_dir_url, step)
-            if not self._good(url):
+            if step != self._verified_step and not self._good(url):  # latest_step() just verified it
                 raise datasets.DatasetError(f"checkpoint {url} is missing or corrupt (see the log); load another step")
         manifest = datasets.read_manifest(url)
         if manifest.fingerprint != self.config_fingerprint:

@@ -56,19 +56,27 @@ def measured_cpu_flops(size: int = 512, seconds: float = 0.2) -> float:
     return best
 
 
-def device_peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple[str, float]:
-    """(device name, peak FLOP/s per device). Unknown GPUs fall back to the H100 figure with a warning."""
-    if device.type == "cpu":
-        return "cpu", measured_cpu_flops()
-    name = torch.cuda.get_device_name(device)
+def gpu_peak_flops(name: str, dtype: torch.dtype = torch.bfloat16) -> float:
+    """Peak dense FLOP/s of the GPU called ``name`` (as torch.cuda.get_device_name reports it).
+
+    Unknown GPUs fall back to the H100 figure with a warning. fp32 matmuls run as TF32 on tensor
+    cores, at half the bf16 rate.
+    """
     for key, peak in GPU_PEAK_BF16:
         if key in name:
             break
     else:
-        key, peak = "unknown", 989e12
+        peak = 989e12
         log.warning("no peak FLOP/s known for GPU %r; assuming %.0f TFLOP/s for MFU", name, peak / 1e12)
-    # fp32 matmuls run as TF32 on tensor cores at half the bf16 rate.
-    return name, peak if dtype in (torch.bfloat16, torch.float16) else peak / 2
+    return peak if dtype in (torch.bfloat16, torch.float16) else peak / 2
+
+
+def device_peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple[str, float]:
+    """(device name, peak FLOP/s per device): the catalogue on GPUs, a measurement on CPU."""
+    if device.type == "cpu":
+        return "cpu", measured_cpu_flops()
+    name = torch.cuda.get_device_name(device)
+    return name, gpu_peak_flops(name, dtype)
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, world_size: int, peak_flops: float) -> float:

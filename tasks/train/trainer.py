@@ -301,15 +301,18 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def train(self) -> dict:
-        """Train from the current state to ``cfg.steps``; returns (and on rank 0 writes) the summary."""
+    def train(self, stop_after: int | None = None) -> dict:
+        """Train from the current state to ``cfg.steps`` and checkpoint the end; returns (and on rank 0
+        writes) the summary. ``stop_after`` ends a time-boxed job early, checkpointed, for the next
+        launch to resume; the schedule still runs to ``cfg.steps``."""
         start, records = time.perf_counter(), []
         first_step = self.state.step + 1
-        for step in range(first_step, self.cfg.steps + 1):
+        last_step = min(self.cfg.steps, stop_after or self.cfg.steps)
+        for step in range(first_step, last_step + 1):
             record = self.train_step(step)
             meta = {"tokens": self.state.tokens, "loss": record["loss"], "layout": self.dims.describe(),
                     "model": dataclasses.asdict(self.model_cfg), "config": dataclasses.asdict(self.cfg)}
-            self.checkpointer.maybe_save(step, self.app_state, meta, force=step == self.cfg.steps)
+            self.checkpointer.maybe_save(step, self.app_state, meta, force=step == last_step)
             record["checkpoint_blocked_s"] = self.checkpointer.blocked_s
             records.append(record)
             self.metrics.log(record)

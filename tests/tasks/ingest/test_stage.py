@@ -84,12 +84,14 @@ def test_a_rerun_after_a_lost_shard_redoes_only_that_shard_byte_identically(tmp_
     first = ingest(inputs, "file://" + str(out))
     (out / datasets.MANIFEST).unlink()
     (out / "docs-00000.parquet").write_bytes(b"half a shard")  # a worker died while moving it in place
+    (out / ".tmp-0123abcd-docs-00000.parquet").write_bytes(b"a dead worker's temporary file")
 
     second = ingest(inputs, "file://" + str(out))
 
     assert [(s.name, s.sha256) for s in second.shards] == [(s.name, s.sha256) for s in first.shards]
     assert second.stats["shards_reused"] == 1
     assert second.stats["docs_out"] == first.stats["docs_out"]
+    assert not list(out.glob(".tmp-*"))
 
 
 def test_two_runs_into_different_folders_write_identical_bytes(tmp_path):

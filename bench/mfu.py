@@ -1,0 +1,122 @@
+"""Model FLOPs utilisation of smelt's trainer on GPUs: a 1B-class preset in bf16 with torch.compile.
+
+    python bench/mfu.py                                   # one GPU
+    torchrun --nproc-per-node 8 bench/mfu.py              # FSDP over 8 GPUs (dp_shard = world)
+    python bench/mfu.py --allow-cpu --preset tiny --seq-len 128 --batch 4 --no-compile   # smoke test
+
+Trains on random tokens (the data does not change the arithmetic) for warm-up steps (compile,
+allocator) and then measured steps; MFU = tokens/s × (6·N + 12·L·H·Q·T) / (GPUs × dense bf16 peak
+from the catalogue in tasks/train/metrics.py), from the median measured step.
+
+Prints one JSON line: gpu, model, layout, tokens_per_s, mfu (goal >= 0.45 on one H100/H200),
+plus step_time_s, peak_mem_gib, params, seq_len, global_batch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# bench/tokenize.py shadows the standard library's ``tokenize`` when this folder is first on the path.
+if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from tasks import datasets  # noqa: E402
+from tasks.config import from_dict  # noqa: E402
+from tasks.train.config import TrainConfig  # noqa: E402
+from tasks.train.metrics import mfu  # noqa: E402
+from tasks.train.trainer import Trainer  # noqa: E402
+
+
+def write_random_tokens(url: str, tokens: int, vocab: int) -> str:
+    dtype = "uint16" if vocab <= 1 << 16 else "uint32"
+    stream = np.random.default_rng(0).integers(1, vocab, tokens).astype(np.dtype(dtype).newbyteorder("<"))
+    index = io.BytesIO()
+    np.save(index, np.array([0], dtype=np.int64))
+    shards = [
+        datasets.write_shard(url, "train-00000.bin", lambda f: f.write(stream.tobytes()) and len(stream),
+                             split="train", tokens=len(stream), docs=1, dtype=dtype),
+        datasets.write_shard(url, "train-00000.idx", lambda f: f.write(index.getvalue()) and 1,
+                             split="train", tokens=0, docs=1, dtype="int64"),
+    ]
+    meta = {"dtype": dtype, "vocab_size": vocab, "eos_id": 0, "bos_id": None, "pad_id": None}
+    datasets.commit(url, "tokens", "bench-mfu", shards, {"tokens": len(stream)}, meta=meta)
+    return url
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="1b", help="model preset (default 1b: Llama 3.2 1B shapes)")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=0, help="global batch in sequences (default 4 per GPU)")
+    parser.add_argument("--warmup", type=int, default=5, help="steps not measured (compile, allocator)")
+    parser.add_argument("--steps", type=int, default=15, help="measured steps")
+    parser.add_argument("--ac", default="none", choices=["none", "full", "selective"], help="activation checkpointing")
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (a smoke test of this script)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() and not args.allow_cpu:
+        print("bench/mfu.py needs a CUDA GPU (use --allow-cpu with a small --preset for a smoke test)", file=sys.stderr)
+        return 2
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    logging.basicConfig(level=logging.WARNING)
+
+    total = args.warmup + args.steps
+    batch = args.batch or 4 * world
+    cfg = from_dict(TrainConfig, {
+        "model_preset": args.preset,
+        "steps": total,
+        "data": {"seq_len": args.seq_len, "global_batch": batch},
+        "parallel": {"compile": not args.no_compile, "activation_checkpoint": args.ac},
+        "checkpoint": {"interval_steps": 0},
+    })
+    vocab = cfg.model_config(vocab_size=32000).vocab_size
+    tmp = tempfile.mkdtemp(prefix="smelt-mfu-")  # every rank writes its own copy: no shared disk needed
+    url = write_random_tokens(os.path.join(tmp, "tokens"), (total + 1) * batch * args.seq_len + 1, vocab)
+
+    trainer = Trainer(cfg, {"bench": url}, os.path.join(tmp, "run"))
+    try:
+        times = []
+        for step in range(1, total + 1):
+            record = trainer.train_step(step)  # ends with .item() on the loss: the GPU is synchronised
+            if step > args.warmup:
+                times.append(record["step_time_s"])
+        step_time = statistics.median(times)
+        tokens_per_s = trainer.batch.tokens_per_step / step_time
+        result = {
+            "gpu": trainer.device_name,
+            "model": args.preset,
+            "layout": trainer.dims.describe(),
+            "tokens_per_s": round(tokens_per_s, 1),
+            "mfu": round(mfu(tokens_per_s, trainer.flops_per_token, trainer.world_size, trainer.peak_flops), 4),
+            "step_time_s": round(step_time, 4),
+            "peak_mem_gib": round(record["peak_mem_gib"], 2),
+            "params": trainer.model_cfg.num_params(),
+            "seq_len": args.seq_len,
+            "global_batch": batch,
+            "compile": not args.no_compile,
+            "dtype": str(trainer.compute_dtype).removeprefix("torch."),
+        }
+    finally:
+        trainer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Launching torchrun: the command line, a real two-rank run, and a timeout that leaves no rank behind."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import time
+
+import psutil
+import pytest
+
+from tasks.train.checkpoint import list_committed
+from tasks.train.launch import LaunchError, launch_torchrun, torchrun_command
+from tests.tasks.train.token_corpus import make_corpus
+
+TINY = {
+    "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
+    "data": {"seq_len": 16, "global_batch": 8},
+    "parallel": {"dp_shard": 2},
+}
+
+
+def test_rendezvous_is_c10d_on_loopback_not_standalone():
+    cmd = torchrun_command(2, ["--data", "x"], "run1", max_restarts=3, rdzv_port=29400)
+    line = " ".join(cmd)
+    assert "--standalone" not in cmd
+    assert "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 --rdzv-id run1 --max-restarts 3" in line
+    assert line.endswith("-m tasks.train.main --data x")
+
+
+@pytest.mark.slow
+def test_two_ranks_train_and_commit_a_checkpoint(tmp_path):
+    corpus = make_corpus(str(tmp_path / "corpus"))
+    lines: list[str] = []
+    result = launch_torchrun(data={"main": corpus}, config={**TINY, "steps": 3}, run_dir=str(tmp_path / "run"),
+                             nproc=2, timeout_s=300, log=lines.append)
+    assert result["returncode"] == 0 and result["restarts"] == 0
+    summary = result["summary"]
+    assert summary["steps"] == 3 and summary["world_size"] == 2 and "dp_shard=2" in summary["layout"]
+    assert [c["step"] for c in list_committed(str(tmp_path / "run"))] == [3]
+    assert json.loads((tmp_path / "run" / "train_config.json").read_text())["steps"] == 3
+    assert any("step 3/3" in line for line in lines)
+
+
+def _ranks_of(run_dir: str) -> list[psutil.Process]:
+    out = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(run_dir in part for part in proc.info["cmdline"] or []):
+            out.append(proc)
+    return out
+
+
+@pytest.mark.slow
+def test_an_interrupt_stops_torchrun_and_every_rank(tmp_path):
+    corpus = make_corpus(str(tmp_path / "corpus"))
+    run_dir = str(tmp_path / "endless")
+    seen: list[int] = []
+
+    def interrupt_once_training(line: str) -> None:  # as Ctrl-C or a cancelled flow would
+        if "step 1/" in line and not seen:
+            seen.extend(p.pid for p in _ranks_of(run_dir))
+            _thread.interrupt_main()
+
+    with pytest.raises(KeyboardInterrupt):
+        launch_torchrun(data={"main": corpus}, config={**TINY, "steps": 1_000_000}, run_dir=run_dir, nproc=2,
+                        timeout_s=600, log=interrupt_once_training)
+    assert len(seen) >= 3  # torchrun and two ranks were running
+    assert _ranks_of(run_dir) == []
+
+
+@pytest.mark.slow
+def test_a_timeout_is_an_error_and_leaves_no_process(tmp_path):
+    run_dir = str(tmp_path / "slow-start")
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match="ran past its 3 s timeout"):
+        launch_torchrun(data={"main": str(tmp_path)}, config={"steps": 1}, run_dir=run_dir, nproc=2, timeout_s=3)
+    assert time.monotonic() - started < 3 + 35
+    assert _ranks_of(run_dir) == []

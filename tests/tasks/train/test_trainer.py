@@ -1,0 +1,153 @@
+"""The trainer on one process: batch arithmetic, metrics and summary, exact resume, accumulation,
+activation checkpointing, the dry-run description."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from tasks import datasets
+from tasks.config import from_dict, merge_overrides
+from tasks.train.checkpoint import list_committed
+from tasks.train.config import DataConfig, ParallelConfig, TrainConfig, preset
+from tasks.train.parallel_dims import ParallelDims
+from tasks.train.trainer import Trainer, config_fingerprint, describe_layout, plan_batches
+from tests.tasks.train.token_corpus import make_corpus
+
+BASE = {
+    "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
+    "data": {"seq_len": 16, "global_batch": 8, "prefetch": 0},
+    "optim": {"lr": 1e-2, "warmup_steps": 1},
+    "checkpoint": {"interval_steps": 2, "async_mode": "off"},
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Two OpenMP threads on two cores shared with other work are far slower than one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, str]:
+    return {"corpus": make_corpus(str(tmp_path_factory.mktemp("corpus")))}
+
+
+def config(*overrides: str) -> TrainConfig:
+    return from_dict(TrainConfig, merge_overrides(copy.deepcopy(BASE), list(overrides)))
+
+
+def train(corpus, run_dir, *overrides: str, stop_after: int | None = None) -> dict:
+    with Trainer(config(*overrides), corpus, str(run_dir)) as trainer:
+        return trainer.train(stop_after=stop_after)
+
+
+def dims(world: int, **degrees) -> ParallelDims:
+    return ParallelDims.from_config(ParallelConfig(**degrees), world)
+
+
+# -- batch arithmetic ---------------------------------------------------------------------------------
+
+
+def test_accumulation_follows_from_the_data_parallel_size():
+    plan = plan_batches(DataConfig(seq_len=32, global_batch=16, micro_batch=2), dims(8, tp=2), 0, 1)
+    assert (plan.local_batch, plan.micro_batch, plan.grad_accum) == (4, 2, 2)
+    assert plan.tokens_per_step == 512 and plan.tokens_per_rank_step == 128
+
+
+def test_pipeline_microbatches_default_to_one_per_stage():
+    plan = plan_batches(DataConfig(global_batch=8), dims(4, pp=2), 0, 2)
+    assert (plan.local_batch, plan.grad_accum, plan.pp_microbatches) == (4, 1, 4)
+
+
+def test_a_micro_batch_that_does_not_divide_the_rank_batch_is_refused():
+    with pytest.raises(ValueError, match="data.micro_batch \\(3\\) must divide the per-rank batch \\(4"):
+        plan_batches(DataConfig(global_batch=8, micro_batch=3), dims(2), 0, 1)
+
+
+def test_pipeline_microbatches_must_split_the_micro_batch():
+    with pytest.raises(ValueError, match="must split into parallel.pp_microbatches \\(3\\)"):
+        plan_batches(DataConfig(global_batch=8), dims(2, pp=2), 3, 1)
+
+
+# -- runs -------------------------------------------------------------------------------------------------
+
+
+def test_a_run_logs_every_step_and_ends_with_a_summary_and_a_checkpoint(corpus, tmp_path):
+    summary = train(corpus, tmp_path, "steps=3")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for key in ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "peak_mem_gib"):
+        assert all(r[key] > 0 for r in records), key
+    assert records[-1]["tokens"] == 3 * 8 * 16
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["steps"] == 3 and written["tokens"] == 384 and written["last_loss"] == records[-1]["loss"]
+    assert [c["step"] for c in list_committed(str(tmp_path))] == [2, 3]  # interval 2, and the end
+
+
+def test_a_stopped_run_resumes_to_the_same_losses(corpus, tmp_path):
+    straight = train(corpus, tmp_path / "straight", "steps=5")
+    first = train(corpus, tmp_path / "resumed", "steps=5", stop_after=3)
+    second = train(corpus, tmp_path / "resumed", "steps=5")
+    assert second["resumed_from"] == 3 and second["first_step"] == 4
+    assert first["losses"] + second["losses"] == straight["losses"]
+
+
+def test_a_resume_with_another_global_batch_is_refused(corpus, tmp_path):
+    train(corpus, tmp_path, "steps=2")
+    with pytest.raises(ValueError, match="global batch changed"):
+        Trainer(config("steps=4", "data.global_batch=16"), corpus, str(tmp_path))
+
+
+def test_gradient_accumulation_trains_like_one_big_batch(corpus, tmp_path):
+    whole = train(corpus, tmp_path / "whole", "steps=3")
+    accumulated = train(corpus, tmp_path / "accum", "steps=3", "data.micro_batch=2")
+    torch.testing.assert_close(torch.tensor(accumulated["losses"]), torch.tensor(whole["losses"]), rtol=1e-5, atol=0)
+    assert accumulated["batch"]["grad_accum"] == 4
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_leaves_the_losses_unchanged(corpus, tmp_path, mode):
+    plain = train(corpus, tmp_path / "plain", "steps=2")
+    checkpointed = train(corpus, tmp_path / mode, "steps=2", f"parallel.activation_checkpoint={mode}")
+    assert checkpointed["losses"] == plain["losses"]
+
+
+# -- identity and dry run ---------------------------------------------------------------------------------
+
+
+def test_config_fingerprint_ignores_the_layout_but_not_the_batch_contract():
+    model = preset("tiny", vocab_size=64)
+    base = config_fingerprint(model, DataConfig(global_batch=8, micro_batch=0), {"web": "fp1"})
+    assert config_fingerprint(model, DataConfig(global_batch=8, micro_batch=2, prefetch=5), {"web": "fp1"}) == base
+    assert config_fingerprint(model, DataConfig(global_batch=16), {"web": "fp1"}) != base
+    assert config_fingerprint(model, DataConfig(global_batch=8), {"web": "fp2"}) != base
+
+
+def test_dry_run_describes_a_70b_layout_without_building_it():
+    cfg = from_dict(TrainConfig, {"model_preset": "70b", "parallel": {"pp": 4, "tp": 8},
+                                  "data": {"seq_len": 8192, "global_batch": 512, "micro_batch": 8}})
+    report = describe_layout(cfg, world_size=512, vocab_size=128256)
+    assert report["layout"] == "pp=4 × dp_replicate=1 × dp_shard=16 × tp=8"
+    assert report["batch"]["local_batch"] == 32 and report["batch"]["grad_accum"] == 4
+    assert report["batch"]["pp_microbatches"] == 4
+    # 20 of 80 layers plus the output layer on the last stage, split 8 × 16 ways: ~142M per rank.
+    assert report["per_rank"]["params"] == pytest.approx(70.55e9 / 4 / 128, rel=0.05)
+    assert report["per_rank"]["total_gib"] == pytest.approx(16 * report["per_rank"]["params"] / 2**30)
+
+
+def test_dry_run_refuses_heads_that_tensor_parallel_cannot_split():
+    cfg = from_dict(TrainConfig, {"parallel": {"tp": 3}, "data": {"global_batch": 3, "seq_len": 12}})
+    with pytest.raises(ValueError, match="model.n_heads \\(4\\) must be divisible by parallel.tp \\(3\\)"):
+        describe_layout(cfg, world_size=3, vocab_size=99)
+
+
+def test_the_corpus_fixture_is_a_complete_tokens_dataset(corpus):
+    manifest = datasets.open_dataset(corpus["corpus"], kind="tokens")
+    assert manifest.meta["vocab_size"] == 256 and not datasets.verify(manifest)
