@@ -30,7 +30,6 @@ import tempfile  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
 from tasks import datasets  # noqa: E402
 from tasks.config import from_dict  # noqa: E402
@@ -83,39 +82,37 @@ def main() -> int:
         "checkpoint": {"interval_steps": 0},
     })
     vocab = cfg.model_config(vocab_size=32000).vocab_size
-    tmp = tempfile.mkdtemp(prefix="smelt-mfu-")  # every rank writes its own copy: no shared disk needed
-    url = write_random_tokens(os.path.join(tmp, "tokens"), (total + 1) * batch * args.seq_len + 1, vocab)
-
-    trainer = Trainer(cfg, {"bench": url}, os.path.join(tmp, "run"))
-    try:
-        times = []
-        for step in range(1, total + 1):
-            record = trainer.train_step(step)  # ends with .item() on the loss: the GPU is synchronised
-            if step > args.warmup:
-                times.append(record["step_time_s"])
-        step_time = statistics.median(times)
-        tokens_per_s = trainer.batch.tokens_per_step / step_time
-        result = {
-            "gpu": trainer.device_name,
-            "model": args.preset,
-            "layout": trainer.dims.describe(),
-            "tokens_per_s": round(tokens_per_s, 1),
-            "mfu": round(mfu(tokens_per_s, trainer.flops_per_token, trainer.world_size, trainer.peak_flops), 4),
-            "step_time_s": round(step_time, 4),
-            "peak_mem_gib": round(record["peak_mem_gib"], 2),
-            "params": trainer.model_cfg.num_params(),
-            "seq_len": args.seq_len,
-            "global_batch": batch,
-            "compile": not args.no_compile,
-            "dtype": str(trainer.compute_dtype).removeprefix("torch."),
-        }
-    finally:
-        trainer.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with tempfile.TemporaryDirectory(prefix="smelt-mfu-") as tmp:  # per rank: no shared disk needed
+        url = write_random_tokens(os.path.join(tmp, "tokens"), (total + 1) * batch * args.seq_len + 1, vocab)
+        with Trainer(cfg, {"bench": url}, os.path.join(tmp, "run")) as trainer:
+            result = measure(trainer, args, batch)
     if rank == 0:
-        print(json.dumps(result))
+        print(json.dumps(result, ensure_ascii=False))
     return 0
+
+
+def measure(trainer: Trainer, args: argparse.Namespace, batch: int) -> dict:
+    times = []
+    for step in range(1, args.warmup + args.steps + 1):
+        record = trainer.train_step(step)  # ends with .item() on the loss: the GPU is synchronised
+        if step > args.warmup:
+            times.append(record["step_time_s"])
+    step_time = statistics.median(times)
+    tokens_per_s = trainer.batch.tokens_per_step / step_time
+    return {
+        "gpu": trainer.device_name,
+        "model": args.preset,
+        "layout": trainer.dims.describe(),
+        "tokens_per_s": round(tokens_per_s, 1),
+        "mfu": round(mfu(tokens_per_s, trainer.flops_per_token, trainer.world_size, trainer.peak_flops), 4),
+        "step_time_s": round(step_time, 4),
+        "peak_mem_gib": round(record["peak_mem_gib"], 2),
+        "params": trainer.model_cfg.num_params(),
+        "seq_len": args.seq_len,
+        "global_batch": batch,
+        "compile": not args.no_compile,
+        "dtype": str(trainer.compute_dtype).removeprefix("torch."),
+    }
 
 
 if __name__ == "__main__":

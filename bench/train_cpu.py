@@ -123,7 +123,7 @@ def main() -> None:
         "max_loss_diff": max(loss_diffs),
         "steps": args.steps,
         "threads": args.threads,
-    }))
+    }, ensure_ascii=False))
 
 
 if __name__ == "__main__":

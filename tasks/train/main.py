@@ -69,7 +69,7 @@ def _setup_logging() -> None:
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"%(asctime)s [rank{rank}] %(name)s %(levelname)s: %(message)s",
-        stream=sys.stdout,
+        stream=sys.stderr,
     )
 
 

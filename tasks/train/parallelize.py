@@ -61,6 +61,8 @@ def parallelize_model(model: Transformer, dims: ParallelDims, cfg: ParallelConfi
     if cfg.compile:
         apply_compile(model)
     if dims.fsdp_enabled:
+        # A pipeline stage runs several microbatches forward before their backwards: resharding
+        # after each forward would all-gather its parameters once per microbatch, so keep them.
         apply_fsdp(
             model,
             dims.fsdp_mesh(),

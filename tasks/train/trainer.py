@@ -66,6 +66,7 @@ class BatchPlan:
 
 
 def plan_batches(data: DataConfig, dims: ParallelDims, pp_microbatches: int, stages_per_rank: int) -> BatchPlan:
+    """Derive the per-rank batch walk; ``pp_microbatches = 0`` means one per pipeline stage."""
     if data.global_batch % dims.dp_size:
         raise ValueError(f"data.global_batch ({data.global_batch}) must be divisible by the data-parallel size "
                          f"({dims.dp_size} = dp_replicate × dp_shard); change one of them")
@@ -184,12 +185,13 @@ class Trainer:
             self.model_parts.append(part)
         self.params = [p for part in self.model_parts for p in part.parameters()]
         self.holds_last_stage = any(part.output is not None for part in self.model_parts)
-        self.schedule = None
+        self.schedule, self.pp_group = None, None
         if self.dims.pp_enabled:
+            self.pp_group = self.dims.mesh["pp"].get_group()
             self.schedule = pipeline.build_schedule(
                 list(zip([s for s, _ in stages], self.model_parts)), schedule=cfg.parallel.pp_schedule,
                 pp=self.dims.pp, n_microbatches=self.batch.pp_microbatches, loss_fn=self._loss,
-                group=self.dims.mesh["pp"].get_group(), device=self.device,
+                group=self.pp_group, device=self.device,
             )
             self.holds_first_stage = any(s == 0 for s, _ in stages)
 
@@ -277,8 +279,7 @@ class Trainer:
         self.optimizers.set_lr(lr)
         self.optimizers.zero_grad()
         local_loss = self.forward_backward(inputs, targets)
-        pp_group = self.dims.mesh["pp"].get_group() if self.dims.pp_enabled else None
-        grad_norm = clip_grad_norm_(self.params, self.cfg.optim.grad_clip, pp_group)
+        grad_norm = clip_grad_norm_(self.params, self.cfg.optim.grad_clip, self.pp_group)
         self.checkpointer.wait_for_staging()  # an in-flight save may still be copying these parameters
         self.optimizers.step()
         loss = self.global_loss(local_loss)
@@ -316,7 +317,7 @@ class Trainer:
             record["checkpoint_blocked_s"] = self.checkpointer.blocked_s
             records.append(record)
             self.metrics.log(record)
-            if self.rank == 0 and (step % self.cfg.log_every == 0 or step == self.cfg.steps):
+            if self.rank == 0 and (step % self.cfg.log_every == 0 or step == last_step):
                 log.info("step %d/%d  loss %.4f  grad_norm %.3f  lr %.2e  tok/s %.0f  mfu %.2f%%  mem %.2f GiB",
                          step, self.cfg.steps, record["loss"], record["grad_norm"], record["lr"],
                          record["tokens_per_s"], 100 * record["mfu"], record["peak_mem_gib"])

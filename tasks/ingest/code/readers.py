@@ -110,7 +110,9 @@ def expand_code_inputs(urls: str | Sequence[str], cfg: CodeReaderConfig | None =
         url = normalize_url(url)
         try:
             out.update(dict.fromkeys(_expand_one(url, cfg)))
-        except (ImportError, OSError) as e:  # a missing s3fs/gcsfs, a refused connection, no permission
+        except InputError:
+            raise
+        except (ImportError, OSError, ValueError) as e:  # no s3fs/gcsfs, unknown protocol, refused, no permission
             raise InputError(f"cannot read code input {url}: {e}") from e
     return list(out)
 

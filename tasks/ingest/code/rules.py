@@ -3,7 +3,8 @@
 Rules that only look at the path or the record's fields come first; then the ones that name *why* a
 file is bad (generated, encoded data, minified) run before the generic line-length and alphanumeric
 rules, so a minified bundle is dropped as ``code_minified``, not as ``code_max_line_length``.
-Thresholds live in ``tasks/ingest/code/config.py``; a file exactly at a threshold is kept.
+Thresholds live in ``tasks/ingest/code/config.py``, whose comments say which side of each is kept
+(a file exactly at a maximum or minimum of what is kept, such as a 1000-character line, is kept).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from tasks.ingest.code.config import (
 _NON_ALNUM = re.compile(r"[\W_]+")  # what str.isalnum rejects
 _NON_ALNUM_ASCII = bytes(b for b in range(128) if not chr(b).isalnum())
 _LICENSE_OR = re.compile(r"\s+or\s+|\s*/\s*", re.IGNORECASE)
-_LICENSE_AND = re.compile(r"\s+(?:and|with)\s+", re.IGNORECASE)
+_LICENSE_AND = re.compile(r"\s+and\s+", re.IGNORECASE)
+_LICENSE_EXCEPTION = re.compile(r"\s+with\s+\S+", re.IGNORECASE)  # an exception only adds permissions
 
 
 def file_name(path: str) -> str:
@@ -72,10 +74,11 @@ class VendoredFilter(Filter):
 
 def license_allowed(value: object, allowed: frozenset[str]) -> bool:
     """Whether a record's license field permits use: a list needs every entry allowed; an SPDX
-    expression needs one ``OR`` alternative whose ``AND``/``WITH`` parts are all allowed."""
+    expression needs one ``OR`` alternative whose ``AND`` parts are all allowed (``WITH`` exceptions
+    are ignored: they grant permissions, never take them)."""
     if isinstance(value, (list, tuple)):
         return all(license_allowed(v, allowed) for v in value)
-    expression = str(value).replace("(", " ").replace(")", " ").strip()
+    expression = _LICENSE_EXCEPTION.sub("", str(value).replace("(", " ").replace(")", " ")).strip()
     return any(
         all(part.strip().lower() in allowed for part in _LICENSE_AND.split(alternative) if part.strip())
         for alternative in _LICENSE_OR.split(expression) if alternative.strip()

@@ -8,6 +8,15 @@ import torch
 from tasks.train.config import PRESETS, preset
 from tasks.train.model import Transformer, apply_rope, canonical_name, rope_tables
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Two OpenMP threads on two cores shared with other work are far slower than one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # Meta's published parameter counts (model cards / Llama 3 paper).
 PUBLISHED = {"8b": 8.03e9, "70b": 70.6e9}
 

@@ -9,6 +9,7 @@ All layouts of one world size share one launch, to keep the test within budget o
 from __future__ import annotations
 
 import copy
+import json
 import multiprocessing
 import os
 import socket
@@ -32,7 +33,9 @@ BASE = {
     "steps": STEPS,
     "model": {"dim": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
     "data": {"seq_len": 16, "global_batch": 8, "prefetch": 0},
-    "optim": {"lr": 1e-2, "warmup_steps": 2},
+    # A clip below the natural gradient norm (~0.75) makes every step depend on the global norm
+    # being right across shards and stages.
+    "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
 }
 # Layout name -> config overrides. Beyond the plain layouts: the other pipeline schedules, ZeRO-2
 # with selective activation checkpointing, and gradient accumulation under PP × FSDP.
@@ -67,8 +70,9 @@ def full_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
     return out
 
 
-def run_layout(cfg: TrainConfig, data_url: str, run_dir: str) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """Gradients of the first global batch (without consuming it), then the losses of STEPS steps."""
+def run_layout(cfg: TrainConfig, data_url: str, run_dir: str) -> dict:
+    """Gradients of the first global batch (without consuming it), then STEPS steps: their losses
+    and gradient norms (as rank 0 logged them)."""
     trainer = Trainer(cfg, {"corpus": data_url}, run_dir)
     try:
         inputs, targets = trainer.loader.batch_at(0)
@@ -76,9 +80,10 @@ def run_layout(cfg: TrainConfig, data_url: str, run_dir: str) -> tuple[dict[str,
         trainer.forward_backward(inputs, targets)
         grads = full_gradients(trainer)
         summary = trainer.train()
+        records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))] if trainer.rank == 0 else []
     finally:
         trainer.close()
-    return grads, summary["losses"]
+    return {"grads": grads, "losses": summary["losses"], "grad_norms": [r["grad_norm"] for r in records]}
 
 
 def _worker(rank: int, world: int, port: int, data_url: str, out_dir: str, layouts: dict[str, list[str]]) -> None:
@@ -87,8 +92,8 @@ def _worker(rank: int, world: int, port: int, data_url: str, out_dir: str, layou
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         for name, overrides in layouts.items():
-            grads, losses = run_layout(config(overrides), data_url, os.path.join(out_dir, name))
-            torch.save({"grads": grads, "losses": losses}, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
+            result = run_layout(config(overrides), data_url, os.path.join(out_dir, name))
+            torch.save(result, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -105,7 +110,7 @@ def corpus(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(corpus, tmp_path_factory) -> tuple[dict[str, torch.Tensor], list[float]]:
+def reference(corpus, tmp_path_factory) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -124,8 +129,8 @@ def launch(world: int, layouts: dict[str, list[str]], corpus: str, out_dir) -> d
     return {name: [torch.load(out_dir / f"{name}.rank{r}.pt") for r in range(world)] for name in layouts}
 
 
-def assert_matches_reference(results: dict[str, list[dict]], reference) -> None:
-    ref_grads, ref_losses = reference
+def assert_matches_reference(results: dict[str, list[dict]], reference: dict) -> None:
+    ref_grads = reference["grads"]
     for name, ranks in results.items():
         merged = {}
         for result in ranks:
@@ -134,14 +139,15 @@ def assert_matches_reference(results: dict[str, list[dict]], reference) -> None:
         assert sorted(merged) == sorted(ref_grads), f"{name}: the stages do not cover the model"
         for key, grad in merged.items():
             torch.testing.assert_close(grad, ref_grads[key], rtol=1e-4, atol=1e-7, msg=lambda m: f"{name} {key}: {m}")
-        losses = torch.tensor(ranks[0]["losses"])
-        torch.testing.assert_close(losses, torch.tensor(ref_losses), rtol=1e-4, atol=0, msg=lambda m: f"{name}: {m}")
+        for key in ("losses", "grad_norms"):
+            torch.testing.assert_close(torch.tensor(ranks[0][key]), torch.tensor(reference[key]), rtol=1e-4, atol=0,
+                                       msg=lambda m: f"{name} {key}: {m}")
 
 
-def test_reference_loss_falls(reference):
-    _, losses = reference
-    assert len(losses) == STEPS
-    assert losses[-1] < losses[0] - 0.1
+def test_reference_learns_with_clipped_gradients(reference):
+    assert len(reference["losses"]) == len(reference["grad_norms"]) == STEPS
+    assert reference["losses"][-1] < reference["losses"][0] - 0.1
+    assert min(reference["grad_norms"]) > BASE["optim"]["grad_clip"]
 
 
 def test_two_rank_layouts_match_single_process(corpus, reference, tmp_path):
