@@ -60,7 +60,8 @@ def stage_once(root: str, cfg: CodeIngestConfig) -> tuple[float, datasets.Manife
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", default=sysconfig.get_paths()["stdlib"], help="folder tree to ingest (default: the stdlib)")
+    parser.add_argument("--root", default=sysconfig.get_paths()["stdlib"],
+                        help="folder tree to ingest (default: this Python's stdlib)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each; the fastest counts")
     args = parser.parse_args()
 

@@ -242,8 +242,10 @@ def export(
     """Consolidate a sharded checkpoint into one safetensors file loadable without torch.distributed."""
     from tasks.train.export import export_checkpoint
 
-    result = export_checkpoint(checkpoint, output)
-    _emit(result, as_json, lambda r: console.print(f"exported to {output}: {r}"))
+    manifest = export_checkpoint(checkpoint, output)
+    result = {"url": manifest.meta["url"], "checkpoint": manifest.meta.get("checkpoint"),
+              "files": [s.name for s in manifest.shards], "bytes": sum(s.bytes for s in manifest.shards)}
+    _emit(result, as_json, lambda r: console.print(f"exported {r['checkpoint']} to {r['url']} ({r['bytes']:,} bytes)"))
 
 
 @classifier_app.command("train")

@@ -17,7 +17,8 @@ from flows.common import StageOutcome, artifact_key, planned_output
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.eval.config import EvalConfig
-from tasks.eval.evaluate import evaluate_checkpoint, resolve_checkpoint
+from tasks.eval.evaluate import evaluate_checkpoint
+from tasks.train.export import resolve_checkpoint
 
 STAGE = "eval"
 REPORT = "report.json"

@@ -20,27 +20,12 @@ import torch.nn.functional as F
 
 from tasks import datasets
 from tasks.eval.config import EvalConfig
-from tasks.train.checkpoint import list_committed
 from tasks.train.config import ModelConfig
 from tasks.train.data import TokenStream
-from tasks.train.export import load_consolidated
+from tasks.train.export import load_consolidated, resolve_checkpoint
 from tasks.train.model import Transformer, rope_tables
 
 log = logging.getLogger(__name__)
-
-
-def resolve_checkpoint(url: str) -> str:
-    """A checkpoint step URL from a step URL or a run folder (its newest verified checkpoint)."""
-    url = datasets.normalize_url(url)
-    manifest = datasets.read_manifest(url)
-    if manifest is not None and manifest.kind == "checkpoint":
-        return url
-    if manifest is not None and manifest.kind == "model":
-        return manifest.meta["checkpoint"]
-    committed = list_committed(url)
-    if not committed:
-        raise datasets.DatasetError(f"no committed checkpoint at {url}: give a step-NNNNNNNN folder or a run folder")
-    return committed[-1]["url"]
 
 
 def load_model(step_url: str) -> tuple[Transformer, dict]:
@@ -100,7 +85,7 @@ def evaluate_checkpoint(checkpoint_url: str, tokens_url: str | None, cfg: EvalCo
     step_url = resolve_checkpoint(checkpoint_url)
     model, meta = load_model(step_url)
     tokens_url = tokens_url or next(iter(meta["data"].values()))
-    seq_len = cfg.seq_len or meta["seq_len"]
+    seq_len = cfg.seq_len or meta["config"]["data"]["seq_len"]
     stream = TokenStream(tokens_url, cfg.split, seq_len, cache_dir=None)
     try:
         scored = score(model, stream, seq_len, cfg.batch_size, cfg.max_tokens)

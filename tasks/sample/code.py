@@ -106,6 +106,10 @@ def category_counts(files: int) -> dict[str, int]:
     return {"good": files - sum(planted.values()), **planted}
 
 
+def _good_license(index: int) -> str | None:
+    return None if index % NO_LICENSE_EVERY == NO_LICENSE_EVERY - 1 else LICENSE
+
+
 def distinct_sources(files: int) -> int:
     """Stdlib files used once each: good files and the planted copies that must not repeat them."""
     counts = category_counts(files)
@@ -189,9 +193,7 @@ def plan_records(files: int, seed: int) -> list[dict]:
     vendored, licensed = rest[: counts["vendored"]], rest[counts["vendored"]:]
 
     records = [
-        _record(UPSTREAM, f"Lib/{rel}", read_source(rel), None if i % NO_LICENSE_EVERY == NO_LICENSE_EVERY - 1 else LICENSE,
-                "good")
-        for i, rel in enumerate(good)
+        _record(UPSTREAM, f"Lib/{rel}", read_source(rel), _good_license(i), "good") for i, rel in enumerate(good)
     ]
     originals = list(records)
     dup_rng, near_rng = rng_for(seed, "exact_dup"), rng_for(seed, "near_dup")
@@ -205,12 +207,14 @@ def plan_records(files: int, seed: int) -> list[dict]:
     for k, rel in enumerate(generated):
         stem = rel.rsplit("/", 1)[-1].removesuffix(".py")
         header = GENERATED_HEADERS[k % len(GENERATED_HEADERS)].format(stem=stem)
-        records.append(_record(UPSTREAM, f"build/generated/{stem}_gen.py", header + read_source(rel), LICENSE, "generated"))
+        records.append(_record(UPSTREAM, f"build/generated/{stem}_gen.py", header + read_source(rel), LICENSE,
+                               "generated"))
     for k, rel in enumerate(vendored):
         folder = VENDORED_DIRS[k % len(VENDORED_DIRS)]
         records.append(_record(f"apps/webapp-{k}", f"{folder}/pylib/{rel}", read_source(rel), LICENSE, "vendored"))
     for k, rel in enumerate(licensed):
-        records.append(_record(f"gpl/project-{k}", f"src/{rel}", read_source(rel), COPYLEFT[k % len(COPYLEFT)], "license"))
+        copyleft = COPYLEFT[k % len(COPYLEFT)]
+        records.append(_record(f"gpl/project-{k}", f"src/{rel}", read_source(rel), copyleft, "license"))
     mini_rng = rng_for(seed, "minified")
     for k, rel in enumerate(mini_rng.sample(pool, counts["minified"])):
         stem = rel.rsplit("/", 1)[-1].removesuffix(".py")

@@ -38,10 +38,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_checkpoint(url: str) -> str:
-    """A step URL as given, or the newest good checkpoint of a run directory."""
+    """A step URL from a step URL, a finished run (its final checkpoint) or a run directory (newest good one)."""
     url = datasets.normalize_url(url)
-    if datasets.read_manifest(url) is not None:
+    manifest = datasets.read_manifest(url)
+    if manifest is not None and manifest.kind == "checkpoint":
         return url
+    if manifest is not None and manifest.kind == "model" and "checkpoint" in manifest.meta:
+        return manifest.meta["checkpoint"]
     committed = checkpoint.list_committed(url)
     if not committed:
         raise datasets.DatasetError(f"{url} is neither a committed checkpoint nor a run directory with one; "

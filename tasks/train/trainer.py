@@ -149,6 +149,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, datasets: dict[str, str], run_dir: str) -> None:
         self.cfg = cfg
         self.run_dir = contract.normalize_url(run_dir)
+        self.datasets = dict(datasets)
         self.device = _pick_device()
         self._owns_group = _init_distributed(self.device.type)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -312,7 +313,8 @@ class Trainer:
         for step in range(first_step, last_step + 1):
             record = self.train_step(step)
             meta = {"tokens": self.state.tokens, "loss": record["loss"], "layout": self.dims.describe(),
-                    "model": dataclasses.asdict(self.model_cfg), "config": dataclasses.asdict(self.cfg)}
+                    "model": dataclasses.asdict(self.model_cfg), "config": dataclasses.asdict(self.cfg),
+                    "data": self.datasets}
             self.checkpointer.maybe_save(step, self.app_state, meta, force=step == last_step)
             record["checkpoint_blocked_s"] = self.checkpointer.blocked_s
             records.append(record)

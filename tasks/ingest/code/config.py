@@ -58,7 +58,8 @@ class CodeReaderConfig:
             raise ValueError(f"reader.format must be one of {', '.join(READER_FORMATS)}, got {self.format!r}")
         if self.folders not in FOLDER_MODES:
             raise ValueError(f"reader.folders must be one of {', '.join(FOLDER_MODES)}, got {self.folders!r}")
-        _check_positive("reader", self, "max_file_bytes", "binary_detection_bytes", "dir_chunk_files", "dir_chunk_bytes")
+        _check_positive("reader", self, "max_file_bytes", "binary_detection_bytes", "dir_chunk_files",
+                        "dir_chunk_bytes")
         if not self.encodings:
             raise ValueError("reader.encodings must name at least one encoding, e.g. [\"utf-8\"]")
         for name in self.encodings:
@@ -152,9 +153,11 @@ class LanguageConfig:
                 raise ValueError(f"language.languages[{language!r}] must be a list of extensions, e.g. [\".py\"]")
             for ext in extensions:
                 if not ext.startswith(".") or ext != ext.lower():
-                    raise ValueError(f"language.languages[{language!r}] has {ext!r}; write extensions lower case with the dot, e.g. \".py\"")
+                    raise ValueError(f"language.languages[{language!r}] has {ext!r}; write extensions "
+                                     "lower case with the dot, e.g. \".py\"")
                 if ext in seen and seen[ext] != language:
-                    raise ValueError(f"extension {ext!r} is listed for both {seen[ext]!r} and {language!r} in language.languages")
+                    raise ValueError(f"extension {ext!r} is listed for both {seen[ext]!r} and {language!r} "
+                                     "in language.languages")
                 seen[ext] = language
         known = set(self.languages) | set(self.file_names.values())
         unknown = [name for name in self.keep_languages if name not in known]
@@ -244,7 +247,8 @@ class MinifiedConfig:
     """Minified files: a minified name, or most characters on long lines with almost no whitespace."""
 
     enabled: bool = True
-    file_patterns: list[str] = dataclasses.field(default_factory=lambda: ["*.min.js", "*.min.mjs", "*.min.css", "*-min.js"])
+    file_patterns: list[str] = dataclasses.field(
+        default_factory=lambda: ["*.min.js", "*.min.mjs", "*.min.css", "*-min.js"])  # matched lower case
     long_line_chars: int = 300  # lines longer than this are "long"
     min_long_line_frac: float = 0.5  # minified when long lines hold at least this share of characters …
     max_whitespace_frac: float = 0.1  # … and whitespace is at most this share of their characters

@@ -15,8 +15,8 @@ the record has none), language (set later by the language step).
 Counters: ``read.records`` (files and records seen), ``read.docs`` (documents yielded),
 ``read.not_regular_files`` (links, devices: not read), ``read.skipped_dirs`` (tree folders named in
 ``skip_dirs``, never entered), ``bytes_in``, ``dropped.code_{binary,undecodable,too_large,empty,
-skipped_dir}`` (the last: archive members inside a ``skip_dirs`` folder), ``failed.code_{bad_record,corrupt_file,truncated_file,
-bad_member,missing_file}``. Data faults are counted, never raised; network and permission errors
+skipped_dir}`` (the last: archive members inside a ``skip_dirs`` folder),
+``failed.code_{bad_record,corrupt_file,truncated_file,bad_member,missing_file}``. Data faults are counted, never raised; network and permission errors
 raise so the work item is retried.
 """
 

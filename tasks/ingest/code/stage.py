@@ -193,4 +193,5 @@ def code_input_fingerprints(urls: list[str], cfg: CodeReaderConfig | None = None
 
 
 def _stamp(info: dict) -> str:
-    return str(info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or info.get("created"))
+    keys = ("ETag", "etag", "mtime", "LastModified", "created")
+    return str(next((info[k] for k in keys if info.get(k)), None))

@@ -196,7 +196,8 @@ def test_digits_up_to_half_of_the_visible_characters_are_kept_and_more_are_dropp
 
 def test_minified_file_names_are_dropped():
     rule = MinifiedFilter(MinifiedConfig())
-    docs = [source("var a=1;\n", path=p, lang="JavaScript") for p in ("dist/app.min.js", "css/site.MIN.CSS", "src/app.js")]
+    paths = ("dist/app.min.js", "css/site.MIN.CSS", "src/app.js")
+    docs = [source("var a=1;\n", path=p, lang="JavaScript") for p in paths]
     kept, stats = verdicts(rule, *docs)
     assert kept == [False, False, True]
     assert stats["dropped.code_minified"] == 2
