@@ -8,7 +8,7 @@ deployment trigger) consumes by URL.
 
 from __future__ import annotations
 
-import json
+import contextvars
 import threading
 from typing import Any
 
@@ -51,7 +51,7 @@ class CheckpointPublisher:
         self.published: set[int] = set()
 
     def poll(self) -> None:
-        for ckpt in list_committed(self.run_dir):
+        for ckpt in list_committed(self.run_dir, checksums=False):
             if ckpt["step"] in self.published:
                 continue
             self.published.add(ckpt["step"])
@@ -88,7 +88,8 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
 
     publisher = CheckpointPublisher(url, fp)
     stop = threading.Event()
-    follower = threading.Thread(target=publisher.follow, args=(stop,), daemon=True)
+    # The follower runs in a copy of this task's context so its artifacts and events belong to the task run.
+    follower = threading.Thread(target=contextvars.copy_context().run, args=(publisher.follow, stop), daemon=True)
     follower.start()
     try:
         result = launch_torchrun(
@@ -141,8 +142,3 @@ def train_flow(data: list[str], root: str = "smelt-data", config: dict | None = 
     launch = launch or dataclasses.asdict(LaunchConfig())
     return train_task.with_options(retries=int(launch["task_retries"]), retry_delay_seconds=5)(
         data, root, config or {}, launch, run_dir)
-
-
-def load_json(url: str) -> Any:
-    fs, path = datasets.filesystem(url)
-    return json.loads(fs.cat_file(path))

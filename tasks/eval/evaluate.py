@@ -85,7 +85,7 @@ def evaluate_checkpoint(checkpoint_url: str, tokens_url: str | None, cfg: EvalCo
     step_url = resolve_checkpoint(checkpoint_url)
     model, meta = load_model(step_url)
     tokens_url = tokens_url or next(iter(meta["data"].values()))
-    seq_len = cfg.seq_len or meta["config"]["data"]["seq_len"]
+    seq_len = cfg.seq_len or meta["seq_len"]
     stream = TokenStream(tokens_url, cfg.split, seq_len, cache_dir=None)
     try:
         scored = score(model, stream, seq_len, cfg.batch_size, cfg.max_tokens)

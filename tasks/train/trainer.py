@@ -314,7 +314,7 @@ class Trainer:
             record = self.train_step(step)
             meta = {"tokens": self.state.tokens, "loss": record["loss"], "layout": self.dims.describe(),
                     "model": dataclasses.asdict(self.model_cfg), "config": dataclasses.asdict(self.cfg),
-                    "data": self.datasets}
+                    "data": self.datasets, "seq_len": self.cfg.data.seq_len}
             self.checkpointer.maybe_save(step, self.app_state, meta, force=step == last_step)
             record["checkpoint_blocked_s"] = self.checkpointer.blocked_s
             records.append(record)

@@ -9,8 +9,10 @@ directory, which fsspec serves with range requests on remote stores.
 
 Each file is checked the same way whatever its container: over ``max_file_bytes`` it is skipped
 unread, a NUL byte among its first ``binary_detection_bytes`` makes it binary, bytes that none of
-``encodings`` decodes strictly make it undecodable. Document meta: repo, path, license (None when
-the record has none), language (set later by the language step).
+``encodings`` decodes strictly make it undecodable. A document's id is a hash of (repo, path); its
+url locates the bytes (the file, ``<archive>#<member>``, or the record's ``url``); its meta holds
+repo, path, license (None when the record has none) and language (set by the language step). An
+archive's repo is its file name without the suffix; a tree's is the folder's name.
 
 Counters: ``read.records`` (files and records seen), ``read.docs`` (documents yielded),
 ``read.not_regular_files`` (links, devices: not read), ``read.skipped_dirs`` (tree folders named in
@@ -258,7 +260,7 @@ class _SourceChecks:
         return None
 
     def text(self, text: str) -> str | None:
-        """Checks for content that arrives as text (JSONL, Parquet strings)."""
+        """Checks on text: decoded bytes, or content that arrives as text (JSONL, Parquet strings)."""
         if "\x00" in text[: self.cfg.binary_detection_bytes]:
             self.stats.add("dropped.code_binary")
             return None
