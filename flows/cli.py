@@ -66,16 +66,20 @@ def sample(
     seed: Annotated[int, typer.Option(help="Seed: the same seed writes byte-identical files.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Write the generated sample crawl (gzipped WARC + ground_truth.jsonl)."""
+    """Write the generated sample: a crawl (gzipped WARC + ground_truth.jsonl) and source code under code/."""
+    from tasks import datasets
+    from tasks.sample.code import write_sample_code
     from tasks.sample.crawl import write_sample_crawl
 
     summary = write_sample_crawl(output, pages=pages, files=files, seed=seed)
+    summary["code"] = write_sample_code(datasets.join(datasets.normalize_url(output), "code"), seed=seed)
     _emit(summary, as_json, lambda s: console.print(f"wrote sample crawl to {output}: {s}"))
 
 
 @app.command()
 def run(
     input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="Crawl files/globs (default: the sample crawl, generated if missing).")] = None,
+    code_input: Annotated[Optional[list[str]], typer.Option("--code-input", help="Source code: JSONL/Parquet records, tar/zip archives or folders; adds the code branch and a web/code mixture.")] = None,
     root: RootOpt = "smelt-data",
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -90,7 +94,7 @@ def run(
     overrides = list(set_ or []) + ([f"launch.nproc={nproc}"] if nproc else [])
     cfg = _config(config, overrides)  # validate before starting Prefect
     del cfg
-    result = crawl_to_model(inputs=input, root=root, config_path=str(config) if config else None,
+    result = crawl_to_model(inputs=input, code_inputs=code_input, root=root, config_path=str(config) if config else None,
                             overrides=overrides, dask_address=dask_address)
     _emit(result, as_json, lambda r: render_run_summary(r, _out()))
 
@@ -103,6 +107,10 @@ def _check_inputs(section: str, inputs: list[str]) -> None:
         from tasks.ingest.readers import expand_inputs
 
         expand_inputs(inputs)
+    elif section == "ingest_code":
+        from tasks.ingest.code.readers import expand_code_inputs
+
+        expand_code_inputs(inputs)
     else:
         for url in inputs:
             datasets.open_dataset(url, kind="documents")
@@ -133,6 +141,22 @@ def ingest(
     from flows.ingest import ingest_flow
 
     _stage_command(ingest_flow, "ingest", input, output, root, config, set_, as_json, dask_address=dask_address)
+
+
+@app.command("ingest-code")
+def ingest_code(
+    input: Annotated[list[str], typer.Option("--input", "-i", help="Source files: JSONL/Parquet records, tar/zip archives, folders, globs.")],
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Output dataset URL (default <root>/ingest_code/<fingerprint>).")] = None,
+    root: RootOpt = "smelt-data",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    dask_address: DaskOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Filter source code with The Stack / StarCoder-style rules into code documents."""
+    from flows.ingest import code_ingest_flow
+
+    _stage_command(code_ingest_flow, "ingest_code", input, output, root, config, set_, as_json, dask_address=dask_address)
 
 
 @app.command()

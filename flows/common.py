@@ -31,6 +31,7 @@ class StageOutcome:
     seconds: float
     rows: int
     stats: dict[str, Any]
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # the manifest's scalar meta
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -67,10 +68,16 @@ def reuse_or_run(stage: str, url: str, fp: str, compute: Callable[[], datasets.M
         seconds=round(time.perf_counter() - start, 2),
         rows=manifest.rows,
         stats=dict(manifest.stats),
+        meta=scalar_meta(manifest),
     )
     if not reused:
         publish_stats(stage, manifest)
     return outcome
+
+
+def scalar_meta(manifest: datasets.Manifest) -> dict[str, Any]:
+    """The manifest's small meta values (vocab size, dtype, …) worth showing in summaries."""
+    return {k: v for k, v in manifest.meta.items() if isinstance(v, (int, float, str, bool))}
 
 
 def artifact_key(text: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 from tasks.config import load
 from tasks.dedup.config import DedupConfig
 from tasks.eval.config import EvalConfig
+from tasks.ingest.code.config import CodeIngestConfig
 from tasks.ingest.config import IngestConfig
 from tasks.tokenize.config import TokenizeConfig
 from tasks.train.config import TrainConfig
@@ -30,11 +31,14 @@ class LaunchConfig:
 @dataclass
 class RunConfig:
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    ingest_code: CodeIngestConfig = field(default_factory=CodeIngestConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    # Weights of the training mixture when the run has both branches (web and code token datasets).
+    mixture: dict[str, float] = field(default_factory=lambda: {"web": 0.8, "code": 0.2})
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

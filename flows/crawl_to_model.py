@@ -1,8 +1,10 @@
-"""The end-to-end flow: sample or crawl → ingest → dedup → tokenize → train → eval.
+"""The end-to-end flow: crawl (and source code) → ingest → dedup → tokenize → train → eval.
 
 Every stage lands at ``<root>/<stage>/<fingerprint>/``; a rerun with the same inputs and config
 reuses each finished stage in seconds, and a run killed during training resumes from its newest
-committed checkpoint without touching the data stages.
+committed checkpoint without touching the data stages. With code inputs, the code branch runs
+beside the web branch (its own ingest rules, the same dedup stage), one tokenizer is trained on
+both, and training draws from the two token datasets with the configured mixture weights.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.config import load_run_config, section
+from flows.config import RunConfig, load_run_config, section
 from flows.dask_runtime import dask_cluster
 from flows.dedup import dedup_output, dedup_task
 from flows.evaluate import eval_task
-from flows.ingest import ingest_output, ingest_task
+from flows.ingest import code_ingest_output, code_ingest_task, ingest_output, ingest_task
 from flows.tokenize import tokenize_task, tokenizer_output, tokenizer_task, tokens_output
 from flows.train import train_task
 from tasks import datasets
@@ -27,58 +29,97 @@ SAMPLE_DIR = "sample"
 
 
 @task(name="sample-crawl", cache_policy=NO_CACHE)
-def sample_task(root: str) -> list[str]:
-    """The bundled sample crawl under ``<root>/sample``, generated (deterministically) if missing."""
+def sample_task(root: str) -> dict[str, list[str]]:
+    """The bundled sample (web crawl + source code) under ``<root>/sample``, generated if missing."""
+    from tasks.sample.code import write_sample_code
     from tasks.sample.crawl import write_sample_crawl
 
     url = datasets.join(datasets.normalize_url(root), SAMPLE_DIR)
+    code_url = datasets.join(url, "code")
     fs, path = datasets.filesystem(datasets.join(url, "ground_truth.jsonl"))
     if not fs.exists(path):
         get_run_logger().info(f"writing the sample crawl to {url}")
         write_sample_crawl(url)
-    return [datasets.join(url, "*.warc.gz")]
+    cfs, cpath = datasets.filesystem(datasets.join(code_url, "code_ground_truth.jsonl"))
+    if not cfs.exists(cpath):
+        get_run_logger().info(f"writing the sample source code to {code_url}")
+        write_sample_code(code_url)
+    return {"web": [datasets.join(url, "*.warc.gz")], "code": [datasets.join(code_url, "code-*.jsonl.gz")]}
 
 
-def data_stages_pending(inputs: list[str], root: str, cfg) -> bool:
+def data_stages_pending(web: list[str], code: list[str], root: str, cfg: RunConfig) -> bool:
     """True if any data stage still has to run: only then is a Dask cluster worth starting."""
-    _, ingest_url, ingest_fp = ingest_output(inputs, root, cfg.ingest)
-    dedup_url, dedup_fp = dedup_output([ingest_fp], root, cfg.dedup)
-    tok_url, tok_fp = tokenizer_output([dedup_fp], root, cfg.tokenize)
-    tokens_url, _ = tokens_output([dedup_fp], tok_fp, root, cfg.tokenize)
-    return any(datasets.read_manifest(u) is None for u in (ingest_url, dedup_url, tok_url, tokens_url))
+    _, ingest_url, ingest_fp = ingest_output(web, root, cfg.ingest)
+    urls = [ingest_url]
+    deduped = [dedup_output([ingest_fp], root, cfg.dedup)]
+    if code:
+        _, code_url, code_fp = code_ingest_output(code, root, cfg.ingest_code)
+        urls.append(code_url)
+        deduped.append(dedup_output([code_fp], root, cfg.dedup))
+    urls += [u for u, _ in deduped]
+    tok_url, tok_fp = tokenizer_output([fp for _, fp in deduped], root, cfg.tokenize)
+    urls += [tok_url] + [tokens_output([fp], tok_fp, root, cfg.tokenize)[0] for _, fp in deduped]
+    return any(datasets.read_manifest(u) is None for u in urls)
 
 
 @flow(name="crawl-to-model")
-def crawl_to_model(inputs: list[str] | None = None, root: str = "smelt-data", config_path: str | None = None,
+def crawl_to_model(inputs: list[str] | None = None, code_inputs: list[str] | None = None,
+                   root: str = "smelt-data", config_path: str | None = None,
                    overrides: list[str] | None = None, dask_address: str | None = None) -> dict:
-    """Run every stage in order and return the run summary (stage outcomes, loss, perplexity)."""
+    """Run every stage in order and return the run summary (stage outcomes, loss, perplexity).
+
+    With no inputs at all, the bundled sample (web crawl and source code) is used.
+    """
     start = time.perf_counter()
     cfg = load_run_config(config_path, overrides or [])
     root = datasets.normalize_url(root)
-    inputs = inputs or sample_task(root)
+    if not inputs and not code_inputs:
+        sample = sample_task(root)
+        inputs, code_inputs = sample["web"], sample["code"]
+    if not inputs:
+        raise ValueError("give crawl inputs (--input) as well as code inputs: the web branch is required")
+    code_inputs = code_inputs or []
 
+    stages = []
     with contextlib.ExitStack() as stack:
-        if dask_address is None and data_stages_pending(inputs, root, cfg):
+        if dask_address is None and data_stages_pending(inputs, code_inputs, root, cfg):
             dask_address = stack.enter_context(dask_cluster())
-        ingest = ingest_task(inputs, root, section(cfg, "ingest"), dask_address)
-        dedup = dedup_task([ingest["url"]], root, section(cfg, "dedup"), dask_address)
-        tokenizer = tokenizer_task([dedup["url"]], root, section(cfg, "tokenize"))
-        tokens = tokenize_task([dedup["url"]], tokenizer["url"], root, section(cfg, "tokenize"), dask_address)
+        branches = {"web": ingest_task(inputs, root, section(cfg, "ingest"), dask_address)}
+        if code_inputs:
+            branches["code"] = code_ingest_task(code_inputs, root, section(cfg, "ingest_code"), dask_address)
+        deduped = {name: dedup_task([out["url"]], root, section(cfg, "dedup"), dask_address)
+                   for name, out in branches.items()}
+        tokenizer = tokenizer_task([d["url"] for d in deduped.values()], root, section(cfg, "tokenize"))
+        tokens = {name: tokenize_task([d["url"]], tokenizer["url"], root, section(cfg, "tokenize"), dask_address)
+                  for name, d in deduped.items()}
+    for name in branches:
+        stages += [_label(branches[name], name), _label(deduped[name], name)]
+    stages.append(tokenizer)
+    stages += [_label(t, name) for name, t in tokens.items()]
 
-    launch = section(cfg, "launch")
+    train_cfg = section(cfg, "train")
+    if len(tokens) > 1 and not train_cfg["data"]["mixture"]:
+        train_cfg["data"]["mixture"] = {name: cfg.mixture[name] for name in tokens}
     train = train_task.with_options(retries=cfg.launch.task_retries, retry_delay_seconds=5)(
-        [tokens["url"]], root, section(cfg, "train"), launch)
-    evaluation = eval_task(train["checkpoint"], tokens["url"], root, section(cfg, "eval"))
+        [f"{name}={t['url']}" for name, t in tokens.items()], root, train_cfg, section(cfg, "launch"))
+    evaluation = eval_task(train["checkpoint"], tokens["web"]["url"], root, section(cfg, "eval"))
+    stages += [train, evaluation]
 
     summary = {
         "root": root,
-        "stages": [ingest, dedup, tokenizer, tokens, train, evaluation],
+        "stages": stages,
+        "mixture": train_cfg["data"]["mixture"] or {"web": 1.0},
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
     create_table_artifact(
         key="smelt-run-summary",
         table=[{"stage": s["stage"], "reused": s["reused"], "rows": s["rows"], "seconds": s["seconds"], "url": s["url"]}
-               for s in summary["stages"]],
+               for s in stages],
         description=f"crawl-to-model run under {root}",
     )
     return summary
+
+
+def _label(outcome: dict, branch: str) -> dict:
+    """Name a stage outcome after its branch in the summary (ingest[web], dedup[code], …)."""
+    return {**outcome, "stage": f"{outcome['stage']}[{branch}]", "branch": branch}

@@ -58,7 +58,7 @@ def eval_task(checkpoint: str, data: str | None, root: str, config: dict) -> dic
         )
         logger.info(f"eval: step {report['step']} val loss {report['val_loss']:.4f} "
                     f"perplexity {report['perplexity']:.2f} bits/byte {report['bits_per_byte']:.3f}")
-    outcome = StageOutcome(STAGE, url, fp, manifest.kind, reused, 0.0, int(manifest.stats["tokens_scored"]),
+    outcome = StageOutcome(STAGE, url, fp, manifest.kind, reused, 0.0 if reused else report["seconds"], int(manifest.stats["tokens_scored"]),
                            dict(manifest.stats)).to_dict()
     outcome.update(checkpoint=step_url, step=manifest.meta["step"], probes=manifest.meta["probes"])
     return outcome

@@ -11,6 +11,10 @@ from tasks import datasets
 from tasks.config import from_dict
 from tasks.ingest.config import IngestConfig
 from tasks.ingest.readers import expand_inputs
+from tasks.ingest.code.config import CodeIngestConfig
+from tasks.ingest.code.readers import expand_code_inputs
+from tasks.ingest.code.stage import STAGE as CODE_STAGE
+from tasks.ingest.code.stage import code_input_fingerprints, run_code_ingest
 from tasks.ingest.stage import STAGE, run_ingest
 
 
@@ -42,3 +46,33 @@ def ingest_flow(inputs: list[str], root: str = "smelt-data", config: dict | None
                 dask_address: str | None = None, output: str | None = None) -> dict:
     """Filter raw crawl files (WARC, WET, JSONL, Parquet; any fsspec URL or glob) into documents."""
     return ingest_task(inputs, root, config or {}, dask_address, output)
+
+
+def code_ingest_output(inputs: list[str], root: str, cfg: CodeIngestConfig) -> tuple[list[str], str, str]:
+    """(expanded code input URLs, output URL, fingerprint); folders are fingerprinted by their listing."""
+    urls = expand_code_inputs(inputs, cfg.reader)
+    url, fp = planned_output(root, CODE_STAGE, cfg, code_input_fingerprints(urls, cfg.reader), "tasks.ingest")
+    return urls, url, fp
+
+
+@task(name="ingest-code", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+def code_ingest_task(inputs: list[str], root: str, config: dict, dask_address: str | None = None,
+                     output: str | None = None) -> dict:
+    """Run (or reuse) source-code ingest: files, archives or trees → code documents."""
+    cfg = from_dict(CodeIngestConfig, config)
+    urls, url, fp = code_ingest_output(inputs, root, cfg)
+    url = datasets.normalize_url(output) if output else url
+    log = get_run_logger().info
+
+    def compute() -> datasets.Manifest:
+        with dask_map(dask_address, log) as map_fn:
+            return run_code_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn)
+
+    return reuse_or_run(CODE_STAGE, url, fp, compute).to_dict()
+
+
+@flow(name="ingest-code")
+def code_ingest_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
+                     dask_address: str | None = None, output: str | None = None) -> dict:
+    """Filter source files (JSONL/Parquet records, tar/zip archives, directory trees) into code documents."""
+    return code_ingest_task(inputs, root, config or {}, dask_address, output)

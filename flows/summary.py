@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 DROP_PREFIX = "dropped."
@@ -17,13 +18,18 @@ def _reasons(stats: dict, limit: int = 4) -> str:
     return text + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
+def _kind(stage: dict) -> str:
+    """The stage's base name: ``ingest[web]`` → ``ingest``."""
+    return stage["stage"].split("[", 1)[0]
+
+
 def _in_out(stage: dict) -> tuple[str, str]:
     stats = stage["stats"]
     docs_in = stats.get("docs_in", stats.get("read.records", ""))
     docs_out = stats.get("docs_out", stage["rows"])
-    if stage["stage"] == "tokenize":
-        return str(stats.get("docs", "")), f"{stage['rows']:,} tokens"
-    if stage["stage"] in ("tokenizer", "train", "eval"):
+    if _kind(stage) == "tokenize":
+        return f"{stats.get('docs.in', 0):,}", f"{stage['rows']:,} tokens"
+    if _kind(stage) in ("tokenizer", "train", "eval"):
         return "", ""
     return (f"{docs_in:,}" if isinstance(docs_in, (int, float)) else str(docs_in)), f"{docs_out:,}"
 
@@ -60,18 +66,22 @@ def render_run_summary(summary: dict, console: Console) -> None:
     for stage in summary["stages"]:
         records_in, records_out = _in_out(stage)
         result = _reasons(stage["stats"])
-        if stage["stage"] == "train":
+        if _kind(stage) == "train":
             s = stage["summary"]
             result = f"{s['steps']} steps, loss {s['first_loss']:.3f} → {s['last_loss']:.3f}"
             records_out = f"{s['tokens']:,} tokens"
-        elif stage["stage"] == "eval":
+        elif _kind(stage) == "eval":
             st = stage["stats"]
             result = f"val loss {st['val_loss']:.3f}, perplexity {st['perplexity']:.1f}, bits/byte {st['bits_per_byte']:.3f}"
-        elif stage["stage"] == "tokenizer":
-            result = f"vocab {stage['stats'].get('vocab_size', '')}"
-        table.add_row(stage["stage"], "reused" if stage["reused"] else "computed", records_in, records_out,
-                      result, f"{stage['seconds']:.1f}")
+        elif _kind(stage) == "tokenizer":
+            result = f"vocab {stage['meta'].get('vocab_size', '?')}, trained on {stage['stats'].get('docs.sampled', 0):,} docs"
+        elif _kind(stage) == "tokenize":
+            result = f"{stage['stats'].get('tokens.val', 0):,} tokens held out for validation"
+        table.add_row(escape(stage["stage"]), "reused" if stage["reused"] else "computed", records_in, records_out,
+                      escape(result), f"{stage['seconds']:.1f}")
     console.print(table)
+    mixture = ", ".join(f"{name} {weight:g}" for name, weight in summary.get("mixture", {}).items())
+    console.print(f"training mixture: {mixture}")
     train = next(s for s in summary["stages"] if s["stage"] == "train")
     console.print(f"checkpoint: {train['checkpoint']}")
     console.print(f"outputs under {summary['root']}; wall time {summary['wall_seconds']:.1f} s")
