@@ -353,6 +353,9 @@ def _record_document(url: str, archive: Any, record: Any, cfg: ReaderConfig, sta
     if len(payload) > cfg.max_payload_bytes:
         stats.add("dropped.read_too_large")
         return None
+    if _payload_truncated(http, len(payload)):
+        stats.add("dropped.read_truncated_payload")
+        return None
     if not payload.strip():
         stats.add("dropped.read_empty")
         return None
@@ -383,6 +386,17 @@ def _record_document(url: str, archive: Any, record: Any, cfg: ReaderConfig, sta
         source="web",
         meta=meta,
     )
+
+
+def _payload_truncated(http: Any, length: int) -> bool:
+    """The HTTP body is shorter than its own Content-Length: the crawler cut the page off.
+
+    Only checked for identity-encoded bodies, where the header counts the bytes we hold.
+    """
+    if http is None or http.get_header("Content-Encoding") or http.get_header("Transfer-Encoding"):
+        return False
+    declared = http.get_header("Content-Length") or ""
+    return declared.strip().isdigit() and int(declared) > length
 
 
 def _parse_content_type(value: str) -> tuple[str, str]:

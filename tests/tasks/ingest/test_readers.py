@@ -309,3 +309,28 @@ def test_a_file_of_unknown_format_raises_a_clear_error(tmp_path):
     with pytest.raises(InputError, match="reader.format"):
         read(url)
     assert input_format(url, "jsonl") == "jsonl"
+
+
+def test_http_body_shorter_than_its_content_length_is_counted_as_truncated(tmp_path):
+    import io
+
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    from tasks.datasets import Stats
+    from tasks.ingest.config import ReaderConfig
+    from tasks.ingest.readers import read_documents
+
+    body = b"<html><body><p>" + b"cut off " * 20
+    out = io.BytesIO()
+    writer = WARCWriter(out, gzip=True)
+    for uri, declared in (("https://a.example/cut", len(body) + 500), ("https://a.example/ok", len(body))):
+        headers = StatusAndHeaders("200 OK", [("Content-Type", "text/html; charset=utf-8"),
+                                              ("Content-Length", str(declared))], protocol="HTTP/1.1")
+        writer.write_record(writer.create_warc_record(uri, "response", payload=io.BytesIO(body), http_headers=headers))
+    path = tmp_path / "cut.warc.gz"
+    path.write_bytes(out.getvalue())
+    stats = Stats()
+    docs = list(read_documents(str(path), ReaderConfig(), stats))
+    assert [d.url for d in docs] == ["https://a.example/ok"]
+    assert stats["dropped.read_truncated_payload"] == 1

@@ -1,0 +1,60 @@
+"""The command line: --help everywhere, and user mistakes as one sentence with exit code 2."""
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from flows import cli
+
+COMMANDS = [[], ["sample"], ["run"], ["ingest"], ["ingest-code"], ["dedup"], ["tokenize"], ["tokenizer", "train"],
+            ["train"], ["eval"], ["export"], ["plan"], ["simulate"], ["quality-classifier", "train"]]
+
+
+@pytest.fixture(scope="module")
+def runner():
+    cli._register_planner()
+    return CliRunner()
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "smelt")
+def test_every_command_has_help(runner, command):
+    result = runner.invoke(cli.app, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.output
+
+
+def smelt(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_missing_input_is_one_clear_sentence_not_a_traceback(tmp_path):
+    result = smelt("ingest", "--input", str(tmp_path / "nowhere" / "*.warc.gz"), "--root", str(tmp_path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "nowhere" in result.stderr and result.stderr.strip().count("\n") <= 2
+
+
+def test_unknown_config_key_names_the_key(tmp_path):
+    result = smelt("dedup", "--input", str(tmp_path), "--set", "dedup.thresold=0.7")
+    assert result.returncode == 2 and "thresold" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_incomplete_dataset_input_is_refused(tmp_path):
+    (tmp_path / "docs").mkdir()
+    result = smelt("tokenize", "--input", str(tmp_path / "docs"))
+    assert result.returncode == 2 and "incomplete" in result.stderr
+
+
+def test_train_dry_run_prints_layout_without_training(tmp_path):
+    import json
+
+    from tests.tasks.train.token_corpus import make_corpus
+
+    url = make_corpus(f"file://{tmp_path}/tokens")
+    result = smelt("train", "--data", url, "--nproc", "2", "--dry-run", "--json", "--set", "train.parallel.tp=2")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["world_size"] == 2 and "tp=2" in report["layout"]
+    assert not (tmp_path / "smelt-data").exists()
