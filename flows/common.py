@@ -16,7 +16,9 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 
+from flows.dask_runtime import dask_map
 from tasks import datasets
+from tasks.parallel import MapFn
 
 
 @dataclasses.dataclass
@@ -78,6 +80,18 @@ def reuse_or_run(stage: str, url: str, fp: str, compute: Callable[[], datasets.M
 def scalar_meta(manifest: datasets.Manifest) -> dict[str, Any]:
     """The manifest's small meta values (vocab size, dtype, …) worth showing in summaries."""
     return {k: v for k, v in manifest.meta.items() if isinstance(v, (int, float, str, bool))}
+
+
+def run_on_dask(stage: str, url: str, fp: str, dask_address: str | None,
+                run: Callable[[MapFn], datasets.Manifest]) -> dict:
+    """Reuse the stage's dataset or run it, fanning its work items out over Dask; a StageOutcome dict."""
+    log = get_run_logger().info
+
+    def compute() -> datasets.Manifest:
+        with dask_map(dask_address, log) as map_fn:
+            return run(map_fn)
+
+    return reuse_or_run(stage, url, fp, compute).to_dict()
 
 
 def artifact_key(text: str) -> str:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import planned_output, reuse_or_run
-from flows.dask_runtime import dask_map
+from flows.common import planned_output, run_on_dask
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.dedup.config import DedupConfig
@@ -25,13 +24,8 @@ def dedup_task(inputs: list[str], root: str, config: dict, dask_address: str | N
     manifests = [datasets.open_dataset(u, kind="documents") for u in inputs]
     url, fp = dedup_output([m.fingerprint for m in manifests], root, cfg)
     url = datasets.normalize_url(output) if output else url
-    log = get_run_logger().info
-
-    def compute() -> datasets.Manifest:
-        with dask_map(dask_address, log) as map_fn:
-            return run_dedup(manifests, url, cfg, fingerprint=fp, map_fn=map_fn)
-
-    return reuse_or_run(STAGE, url, fp, compute).to_dict()
+    return run_on_dask(STAGE, url, fp, dask_address,
+                       lambda map_fn: run_dedup(manifests, url, cfg, fingerprint=fp, map_fn=map_fn))
 
 
 @flow(name="dedup")

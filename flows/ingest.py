@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import planned_output, reuse_or_run
-from flows.dask_runtime import dask_map
+from flows.common import planned_output, run_on_dask
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.ingest.config import IngestConfig
+from tasks.ingest.langid import model_fingerprint, shipped_lid_model_path
 from tasks.ingest.readers import expand_inputs
 from tasks.ingest.code.config import CodeIngestConfig
 from tasks.ingest.code.readers import expand_code_inputs
@@ -18,10 +18,19 @@ from tasks.ingest.code.stage import code_input_fingerprints, run_code_ingest
 from tasks.ingest.stage import STAGE, run_ingest
 
 
+def model_stamps(cfg: IngestConfig) -> list[str]:
+    """Identity of the model files ingest applies: retraining a classifier in place must change the output."""
+    paths = [cfg.lang.model_path or shipped_lid_model_path()]
+    if cfg.classifier.enabled:
+        paths.append(cfg.classifier.model_url)
+    return [model_fingerprint(p) for p in paths]
+
+
 def ingest_output(inputs: list[str], root: str, cfg: IngestConfig) -> tuple[list[str], str, str]:
     """(expanded input URLs, output URL, fingerprint) for raw inputs under ``root``."""
     urls = expand_inputs(inputs)
-    url, fp = planned_output(root, STAGE, cfg, datasets.raw_input_fingerprints(urls), "tasks.ingest")
+    url, fp = planned_output(root, STAGE, cfg, datasets.raw_input_fingerprints(urls) + model_stamps(cfg),
+                             "tasks.ingest")
     return urls, url, fp
 
 
@@ -32,13 +41,8 @@ def ingest_task(inputs: list[str], root: str, config: dict, dask_address: str | 
     cfg = from_dict(IngestConfig, config)
     urls, url, fp = ingest_output(inputs, root, cfg)
     url = datasets.normalize_url(output) if output else url
-    log = get_run_logger().info
-
-    def compute() -> datasets.Manifest:
-        with dask_map(dask_address, log) as map_fn:
-            return run_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn)
-
-    return reuse_or_run(STAGE, url, fp, compute).to_dict()
+    return run_on_dask(STAGE, url, fp, dask_address,
+                       lambda map_fn: run_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn))
 
 
 @flow(name="ingest")
@@ -62,13 +66,8 @@ def code_ingest_task(inputs: list[str], root: str, config: dict, dask_address: s
     cfg = from_dict(CodeIngestConfig, config)
     urls, url, fp = code_ingest_output(inputs, root, cfg)
     url = datasets.normalize_url(output) if output else url
-    log = get_run_logger().info
-
-    def compute() -> datasets.Manifest:
-        with dask_map(dask_address, log) as map_fn:
-            return run_code_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn)
-
-    return reuse_or_run(CODE_STAGE, url, fp, compute).to_dict()
+    return run_on_dask(CODE_STAGE, url, fp, dask_address,
+                       lambda map_fn: run_code_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn))
 
 
 @flow(name="ingest-code")

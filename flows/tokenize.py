@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import planned_output, reuse_or_run
-from flows.dask_runtime import dask_map
+from flows.common import planned_output, reuse_or_run, run_on_dask
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.tokenize.config import TokenizeConfig
@@ -44,13 +43,8 @@ def tokenize_task(inputs: list[str], tokenizer_url: str, root: str, config: dict
     tokenizer_fp = tokenizer.fingerprint if tokenizer else datasets.raw_input_fingerprints([tokenizer_url])[0]
     url, fp = tokens_output([m.fingerprint for m in manifests], tokenizer_fp, root, cfg)
     url = datasets.normalize_url(output) if output else url
-    log = get_run_logger().info
-
-    def compute() -> datasets.Manifest:
-        with dask_map(dask_address, log) as map_fn:
-            return run_tokenize(manifests, tokenizer_url, url, cfg, fingerprint=fp, map_fn=map_fn)
-
-    return reuse_or_run(STAGE, url, fp, compute).to_dict()
+    return run_on_dask(STAGE, url, fp, dask_address,
+                       lambda map_fn: run_tokenize(manifests, tokenizer_url, url, cfg, fingerprint=fp, map_fn=map_fn))
 
 
 @flow(name="tokenize")

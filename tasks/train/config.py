@@ -126,6 +126,58 @@ class CheckpointConfig:
 
 
 @dataclass
+class WatchdogConfig:
+    """Hangs become failures that torchrun restarts (tasks/train/watchdog.py)."""
+
+    collective_timeout_s: float = 1800.0  # the default process group's collective timeout
+    hang_timeout_s: float = 600.0  # no step finished for this long: the rank exits for a restart
+    startup_timeout_s: float = 1800.0  # the same limit until the first step (checkpoint load, compile)
+
+    def __post_init__(self) -> None:
+        if min(self.collective_timeout_s, self.hang_timeout_s, self.startup_timeout_s) <= 0:
+            raise ValueError("watchdog timeouts must be positive seconds")
+
+
+@dataclass
+class LossGuardConfig:
+    """NaN/Inf or spiking loss rolls back to the last good checkpoint (tasks/train/loss_guard.py)."""
+
+    enabled: bool = True
+    window: int = 50  # recent accepted losses the spike test looks at
+    min_history: int = 10  # no spike test before this many losses are known
+    z_threshold: float = 6.0  # robust z-score (median/MAD) above which a loss is a spike
+    skip_batches: int = 8  # global batches skipped, ending with the one that tripped the guard
+
+    def __post_init__(self) -> None:
+        if self.window < 3 or not 3 <= self.min_history <= self.window:
+            raise ValueError("loss_guard needs window >= 3 and 3 <= min_history <= window")
+        if self.skip_batches < 1 or self.z_threshold <= 0:
+            raise ValueError("loss_guard.skip_batches must be >= 1 and loss_guard.z_threshold > 0")
+
+
+@dataclass
+class StragglerConfig:
+    """Per-rank step timing and slow-rank flags (tasks/train/stragglers.py)."""
+
+    every_steps: int = 20  # steps per window; rank 0 gathers every rank's times once per window
+    margin: float = 0.25  # flagged when a rank's compute exceeds the median by this fraction ...
+    consecutive_windows: int = 3  # ... in this many windows in a row
+    write_exclude_list: bool = False  # also write <run_dir>/exclude_hosts.json for the next launch
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 1 or self.consecutive_windows < 1 or self.margin <= 0:
+            raise ValueError("stragglers.every_steps and consecutive_windows must be >= 1 and margin > 0")
+
+
+@dataclass
+class FaultConfig:
+    """Fault injection for tests, off by default; same syntax as SMELT_FAULTS (tasks/train/faults.py),
+    e.g. "kill:rank=1,step=7;nan:step=6"."""
+
+    inject: str = ""
+
+
+@dataclass
 class TrainConfig:
     model_preset: str = "tiny"
     model: dict = field(default_factory=dict)  # overrides of the preset's fields
@@ -134,6 +186,10 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    loss_guard: LossGuardConfig = field(default_factory=LossGuardConfig)
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
     seed: int = 0
     log_every: int = 1
     dtype: str = "float32"

@@ -3,7 +3,16 @@
 torchrun runs in its own session (process group), so a cancelled flow, a timeout or Ctrl-C stops
 the agent and every rank it started. Rendezvous is c10d on 127.0.0.1 rather than ``--standalone``:
 after a worker failure, restarted gloo workers of a standalone agent could not reconnect here
-(DESIGN.md §9), while c10d rendezvous restarts cleanly.
+(DESIGN.md §9); with c10d they do, given a store namespace per attempt (tasks/train/watchdog.py).
+
+``nnodes="1:2"`` makes the agent elastic: agents of the same run (same run folder, rendezvous
+port) form one job, and when a node is lost the rest restart from the last checkpoint with the
+same global batch. The agent hosting the rendezvous endpoint must survive (c10d keeps its store).
+
+Exclusion: ``<run_dir>/exclude_hosts.json`` (written by straggler detection) lists hosts to keep
+out of the next launch. An elastic agent on a listed host refuses to start, so the job goes on
+without that node; a fixed-size launch cannot run without its nodes, so there (and on one host)
+the list is only reported.
 """
 
 from __future__ import annotations
@@ -24,11 +33,13 @@ from pathlib import Path
 import psutil
 
 from tasks import datasets as contract
+from tasks.train import goodput
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STOP_GRACE_S = 30.0  # torchrun forwards SIGTERM to its ranks and waits for them; then SIGKILL
+EXCLUDE_HOSTS = "exclude_hosts.json"
 
 
 class LaunchError(RuntimeError):
@@ -41,11 +52,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_command(nproc: int, args: list[str], run_id: str, max_restarts: int, rdzv_port: int) -> list[str]:
-    """The single-node torchrun command line running ``python -m tasks.train.main ARGS`` on each rank."""
+def torchrun_command(nproc: int, args: list[str], run_id: str, max_restarts: int, rdzv_port: int,
+                     nnodes: str = "1") -> list[str]:
+    """The torchrun command line (this node's agent) running ``python -m tasks.train.main ARGS`` on each rank."""
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1",
+        "--nnodes", nnodes,
         "--nproc-per-node", str(nproc),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}",
@@ -55,6 +67,39 @@ def torchrun_command(nproc: int, args: list[str], run_id: str, max_restarts: int
     ]
 
 
+def start_torchrun(nproc: int, args: list[str], run_dir: str, max_restarts: int = 0, rdzv_port: int | None = None,
+                   *, nnodes: str = "1") -> subprocess.Popen:
+    """Start this node's torchrun agent in a session of its own; its output is the Popen's stdout."""
+    run_id = hashlib.sha256(contract.normalize_url(run_dir).encode()).hexdigest()[:12]
+    cmd = torchrun_command(nproc, args, run_id, max_restarts, rdzv_port or free_port(), nnodes)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    log.info("starting: %s", " ".join(cmd))
+    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1, start_new_session=True)
+
+
+def excluded_hosts(run_dir: str) -> list[str]:
+    """Hosts listed in ``<run_dir>/exclude_hosts.json`` (none if there is no such file)."""
+    fs, path = contract.filesystem(contract.join(contract.normalize_url(run_dir), EXCLUDE_HOSTS))
+    return list(json.loads(fs.cat_file(path))["hosts"]) if fs.exists(path) else []
+
+
+def check_not_excluded(run_dir: str, nnodes: str, log_line: Callable[[str], None] = log.warning) -> None:
+    """Refuse to start an elastic agent on an excluded host; report the list otherwise (see the module docstring)."""
+    hosts = excluded_hosts(run_dir)
+    if not hosts:
+        return
+    host = socket.gethostname()
+    low, _, high = nnodes.partition(":")
+    elastic = bool(high) and int(low) < int(high)
+    if host in hosts and elastic:
+        raise LaunchError(f"host {host} is listed in {run_dir}/{EXCLUDE_HOSTS} (a straggler); the elastic job "
+                          "continues without it. Delete the file to let this host rejoin")
+    why = (f"this host ({host}) is not among them" if host not in hosts else
+           f"a launch of fixed size ({nnodes} node(s)) cannot run without its hosts, so this is only reported")
+    log_line(f"{EXCLUDE_HOSTS} lists {', '.join(hosts)}: {why}")
+
+
 def run_torchrun(
     nproc: int,
     args: list[str],
@@ -62,6 +107,7 @@ def run_torchrun(
     max_restarts: int = 0,
     rdzv_port: int | None = None,
     *,
+    nnodes: str = "1",
     timeout_s: float | None = None,
     log_line: Callable[[str], None] = log.info,
 ) -> int:
@@ -70,12 +116,8 @@ def run_torchrun(
     Every output line goes to ``log_line``. On timeout or KeyboardInterrupt the whole process tree
     is stopped (SIGTERM, then SIGKILL after a grace period); a timeout raises LaunchError.
     """
-    run_id = hashlib.sha256(contract.normalize_url(run_dir).encode()).hexdigest()[:12]
-    cmd = torchrun_command(nproc, args, run_id, max_restarts, rdzv_port or free_port())
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    log.info("starting: %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1, start_new_session=True)
+    check_not_excluded(run_dir, nnodes, log_line)
+    proc = start_torchrun(nproc, args, run_dir, max_restarts, rdzv_port, nnodes=nnodes)
     reader = threading.Thread(target=_forward_lines, args=(proc, log_line), daemon=True)
     reader.start()
     try:
@@ -126,6 +168,7 @@ def launch_torchrun(
     max_restarts: int = 0,
     timeout_s: float | None = None,
     rdzv_port: int | None = None,
+    nnodes: str = "1",
     log: Callable[[str], None] = log.info,
 ) -> dict:
     """Train ``config`` (a TrainConfig as a dict) on ``data`` (name → tokens URL) with ``nproc``
@@ -138,7 +181,9 @@ def launch_torchrun(
     args = ["--config", config_url, "--data", ",".join(f"{name}={url}" for name, url in data.items()),
             "--run-dir", run_dir]
     started = time.monotonic()
-    returncode = run_torchrun(nproc, args, run_dir, max_restarts, rdzv_port, timeout_s=timeout_s, log_line=log)
+    goodput.append_event(run_dir, {"event": "launch", "time": time.time(), "host": socket.gethostname()})
+    returncode = run_torchrun(nproc, args, run_dir, max_restarts, rdzv_port, nnodes=nnodes, timeout_s=timeout_s,
+                              log_line=log)
     seconds = time.monotonic() - started
     if returncode != 0:
         raise LaunchError(f"torchrun for {run_dir} exited with status {returncode} after {seconds:.0f} s "

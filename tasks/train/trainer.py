@@ -29,14 +29,17 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from tasks import datasets as contract
-from tasks.train import metrics, pipeline
+from tasks.train import goodput, metrics, pipeline, watchdog
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import DataConfig, ModelConfig, TrainConfig
 from tasks.train.data import TokenLoader
+from tasks.train.faults import FaultInjector
+from tasks.train.loss_guard import LossGuard, SkippedRange, SkipList, skip_window
 from tasks.train.model import Transformer
 from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.parallelize import check_model_fits, compute_dtype, materialize, param_counts, parallelize_model
+from tasks.train.stragglers import StragglerDetector
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +120,12 @@ def config_fingerprint(model_cfg: ModelConfig, data: DataConfig, dataset_fingerp
 # -- process group --------------------------------------------------------------------------------------
 
 
-def _init_distributed(device_type: str) -> bool:
+def _init_distributed(device_type: str, timeout_s: float) -> bool:
     """Join torchrun's process group (or make a one-rank group); True if we created it."""
     if dist.is_initialized():
         return False
     if "WORLD_SIZE" in os.environ:
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        watchdog.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout_s)
     else:  # a single process (tests, benchmarks): a trivial group keeps one code path
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return True
@@ -143,16 +146,20 @@ class Trainer:
     """Builds the model, optimizer and loader for ``cfg`` on the current process group and trains.
 
     ``datasets`` maps names to tokens dataset URLs (weights from ``cfg.data.mixture``). Rank 0
-    writes ``<run_dir>/metrics.jsonl`` (one record per step) and ``<run_dir>/summary.json``.
+    writes ``<run_dir>/metrics.jsonl`` (one record per step), ``events.jsonl`` (process group
+    starts, for goodput), ``skipped.jsonl`` (loss-guard rollbacks), ``stragglers.json`` and
+    ``<run_dir>/summary.json``. A progress watchdog exits a rank whose steps stop (watchdog.py).
     """
 
     def __init__(self, cfg: TrainConfig, datasets: dict[str, str], run_dir: str) -> None:
+        started_at = time.time()
         self.cfg = cfg
         self.run_dir = contract.normalize_url(run_dir)
         self.datasets = dict(datasets)
         self.device = _pick_device()
-        self._owns_group = _init_distributed(self.device.type)
+        self._owns_group = _init_distributed(self.device.type, cfg.watchdog.collective_timeout_s)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.watchdog = watchdog.ProgressWatchdog(cfg.watchdog, rank=self.rank, world_size=self.world_size).start()
         torch.manual_seed(cfg.seed)
 
         # 1. Layout and the batch contract.
@@ -214,7 +221,13 @@ class Trainer:
             self.checkpointer.load(self.app_state, step=self.resumed_from)
             log.info("resumed from checkpoint step %d (%d tokens seen)", self.state.step, self.state.tokens)
 
-        # 5. Metrics.
+        # 5. Fault tolerance: injected faults (tests), the loss guard and its skipped samples, stragglers.
+        self.faults = FaultInjector.from_config(cfg.faults, self.run_dir, self.rank)
+        self.loss_guard = LossGuard(cfg.loss_guard)
+        self.skips = SkipList(self.run_dir, writer=self.rank == 0)
+        self.stragglers = StragglerDetector(cfg.stragglers, self.run_dir, rank=self.rank, world_size=self.world_size)
+
+        # 6. Metrics, and this process group's start for goodput accounting.
         self.compute_dtype = compute_dtype(cfg.parallel, self.device.type)
         self.flops_per_token = self.model_cfg.flops_per_token(cfg.data.seq_len)
         self.device_name, self.peak_flops = metrics.device_peak_flops(self.device, self.compute_dtype)
@@ -223,6 +236,11 @@ class Trainer:
         log.info("layout %s on %d ranks (%s); model %s: %.3gM params, %.3gM on this rank; batch %s",
                  self.dims.describe(), self.world_size, self.device_name, cfg.model_preset,
                  self.model_cfg.num_params() / 1e6, counts["local"] / 1e6, self.batch)
+        self.group = None
+        if self.rank == 0:
+            self.group = goodput.start_group(self.run_dir, time=started_at, resumed_from=self.resumed_from,
+                                             world_size=self.world_size,
+                                             restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
 
     # -- one step -------------------------------------------------------------------------------
 
@@ -280,10 +298,14 @@ class Trainer:
         self.optimizers.set_lr(lr)
         self.optimizers.zero_grad()
         local_loss = self.forward_backward(inputs, targets)
+        local_loss = self.faults.poison(step, local_loss, self.params)
         grad_norm = clip_grad_norm_(self.params, self.cfg.optim.grad_clip, self.pp_group)
         self.checkpointer.wait_for_staging()  # an in-flight save may still be copying these parameters
         self.optimizers.step()
-        loss = self.global_loss(local_loss)
+        self.faults.slow_down(step, time.perf_counter() - start)
+        arrived = time.perf_counter()
+        loss = self.global_loss(local_loss)  # the step-end sync point: every rank waits for the slowest here
+        self.stragglers.observe(compute_s=arrived - start, wait_s=time.perf_counter() - arrived)
 
         self.state.step = step
         self.state.tokens += self.batch.tokens_per_step
@@ -308,29 +330,70 @@ class Trainer:
         writes) the summary. ``stop_after`` ends a time-boxed job early, checkpointed, for the next
         launch to resume; the schedule still runs to ``cfg.steps``."""
         start, records = time.perf_counter(), []
-        first_step = self.state.step + 1
+        first_step = step = self.state.step + 1
         last_step = min(self.cfg.steps, stop_after or self.cfg.steps)
-        for step in range(first_step, last_step + 1):
+        while step <= last_step:
+            self.faults.at_step_start(step, self.checkpointer)
+            self.skips.advance(self.loader)
+            iteration_start, blocked_before = time.perf_counter(), self.checkpointer.blocked_s
             record = self.train_step(step)
-            meta = {"tokens": self.state.tokens, "loss": record["loss"], "layout": self.dims.describe(),
-                    "model": dataclasses.asdict(self.model_cfg), "config": dataclasses.asdict(self.cfg),
-                    "data": self.datasets, "seq_len": self.cfg.data.seq_len}
-            self.checkpointer.maybe_save(step, self.app_state, meta, force=step == last_step)
-            record["checkpoint_blocked_s"] = self.checkpointer.blocked_s
-            records.append(record)
+            rejected = self.loss_guard.check(step, record["loss"])
+            if rejected:  # every checkpoint passed the guard: roll back to the newest one
+                record["rolled_back_to"] = self._roll_back(step, rejected, record["loss"])
+            else:
+                record.update(self.stragglers.maybe_check(step))
+                meta = {"tokens": self.state.tokens, "loss": record["loss"], "layout": self.dims.describe(),
+                        "model": dataclasses.asdict(self.model_cfg), "config": dataclasses.asdict(self.cfg),
+                        "data": self.datasets, "seq_len": self.cfg.data.seq_len}
+                self.faults.before_save(step)
+                saved = self.checkpointer.maybe_save(step, self.app_state, meta, force=step == last_step)
+                self.faults.after_save(step, saved, self.checkpointer)
+            record.update(group=self.group, time=time.time(), iteration_s=time.perf_counter() - iteration_start,
+                          checkpoint_s=self.checkpointer.blocked_s - blocked_before,
+                          checkpoint_blocked_s=self.checkpointer.blocked_s)
             self.metrics.log(record)
+            self.watchdog.beat(step)
+            if rejected:
+                step = record["rolled_back_to"] + 1
+                records = [r for r in records if r["step"] < step]
+                continue
+            records.append(record)
             if self.rank == 0 and (step % self.cfg.log_every == 0 or step == last_step):
                 log.info("step %d/%d  loss %.4f  grad_norm %.3f  lr %.2e  tok/s %.0f  mfu %.2f%%  mem %.2f GiB",
                          step, self.cfg.steps, record["loss"], record["grad_norm"], record["lr"],
                          record["tokens_per_s"], 100 * record["mfu"], record["peak_mem_gib"])
+            step += 1
+        blocked_before = self.checkpointer.blocked_s
         self.checkpointer.wait_for_commit()  # the run is done only when its last checkpoint is
-        summary = self._summary(records, time.perf_counter() - start, first_step)
+        self.watchdog.touch()
+        summary = self._summary(records, time.perf_counter() - start, first_step,
+                                final_checkpoint_s=self.checkpointer.blocked_s - blocked_before)
         if self.rank == 0:
             with contract.atomic_write(contract.join(self.run_dir, "summary.json"), "w") as f:
                 f.write(json.dumps(summary, indent=2, sort_keys=True))
         return summary
 
-    def _summary(self, records: list[dict], wall_s: float, first_step: int) -> dict:
+    def _roll_back(self, step: int, reason: str, loss: float) -> int:
+        """Reload the newest committed checkpoint and record the skipped samples; returns its step."""
+        end = self.loader.samples_consumed
+        target = self.checkpointer.latest_step()  # waits for an in-flight save: the same answer on every rank
+        if target is None:
+            start, end = skip_window(end, 0, self.cfg.loss_guard.skip_batches, self.batch.global_batch)
+            self.skips.add(SkippedRange(start, end, step, None, reason, loss))
+            raise RuntimeError(f"loss guard: {reason} at step {step} and no checkpoint to roll back to; samples "
+                               f"[{start}, {end}) are recorded as skipped, so the restarted run trains without them "
+                               "(lower checkpoint.interval_steps to roll back without a restart)")
+        self.checkpointer.load(self.app_state, step=target)
+        start, end = skip_window(end, self.loader.samples_consumed, self.cfg.loss_guard.skip_batches,
+                                 self.batch.global_batch)
+        self.skips.add(SkippedRange(start, end, step, target, reason, loss))
+        self.loss_guard.forget_after(target)
+        self.watchdog.touch()
+        log.warning("loss guard: %s at step %d (loss %s, robust z %s): rolled back to step %d, skipping samples "
+                    "[%d, %d)", reason, step, loss, self.loss_guard.last_z, target, start, end)
+        return target
+
+    def _summary(self, records: list[dict], wall_s: float, first_step: int, final_checkpoint_s: float) -> dict:
         # The first step pays for warm-up (allocation, compile, pipeline shape inference).
         steady = records[1:] or records
         step_time = sum(r["step_time_s"] for r in steady) / max(1, len(steady))
@@ -353,12 +416,16 @@ class Trainer:
             "device": self.device_name,
             "model": {"preset": self.cfg.model_preset, "params": self.model_cfg.num_params()},
             "batch": dataclasses.asdict(self.batch),
+            "skipped": [r.to_json() for r in self.skips.ranges],
+            "stragglers": self.stragglers.flagged,
+            "goodput": goodput.summarize(self.run_dir, time.time(), final_checkpoint_s) if self.rank == 0 else None,
         }
 
     def close(self) -> None:
         self.checkpointer.close()
         self.loader.close()
         self.metrics.close()
+        self.watchdog.stop()  # last: a hang in the steps above still ends in a restart
         if self._owns_group:
             dist.destroy_process_group()
 

@@ -121,6 +121,32 @@ def test_code_branch_drops_generated_minified_and_vendored_files(first_run):
     assert sum(f"{r['repo']}/{r['path']}" in kept for r in good) >= 0.97 * len(good)
 
 
+def test_each_checkpoint_commit_is_published_as_an_artifact_version_and_an_event(first_run):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.events.filters import EventFilter, EventNameFilter
+
+    from flows.common import artifact_key
+    from flows.train import CHECKPOINT_EVENT
+
+    _, summary, _ = first_run
+    train = stage(summary, "train")
+    committed = {c["url"] for c in list_committed(train["url"])}
+    assert train["checkpoint"] in committed
+    key = artifact_key(f"smelt-checkpoint-{train['fingerprint']}")
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        assert all(any(url in str(a.data) for a in artifacts) for url in committed)
+        deadline = time.monotonic() + 20  # the server persists events asynchronously
+        while True:
+            events = client.read_events(EventFilter(event=EventNameFilter(name=[CHECKPOINT_EVENT])), limit=50).events
+            urls = {e.payload["url"] for e in events if e.resource.get("smelt.run_dir") == train["url"]}
+            if committed <= urls or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    assert committed <= urls
+
+
 def test_second_run_reuses_every_stage_in_seconds(first_run):
     from flows.crawl_to_model import crawl_to_model
 

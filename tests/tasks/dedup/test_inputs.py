@@ -8,8 +8,7 @@ from tasks import datasets
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.inputs import load_dedup_inputs
 from tasks.dedup.stage import run_dedup
-from tests.tasks.dedup.corpus import read_ids, write_documents
-from tests.tasks.dedup.test_stage import A, B, SHARDS
+from tests.tasks.dedup.corpus import A, B, SHARDS, read_ids, write_documents
 
 
 def test_raw_jsonl_input_is_converted_and_bad_records_are_counted(tmp_path):

@@ -8,28 +8,7 @@ import pytest
 from tasks import datasets
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.stage import run_dedup
-from tests.tasks.dedup.corpus import NAN, read_ids, substitute, words, write_documents
-
-A = words(1)
-B = words(2)
-C = words(3)
-SHARDS = [
-    [
-        ("a", " ".join(A), 0.5),
-        ("a-copy", " ".join(A).upper().replace(" ", " ,  ") + "!", 0.9),  # same text once normalised
-        ("a-near", " ".join(substitute(A, [50])), 0.7),  # Jaccard 91/101 = 0.90
-        ("b", " ".join(B), NAN),
-        ("c", " ".join(C), 0.1),
-    ],
-    [
-        ("b-near", " ".join(substitute(B, [10])), 0.3),
-        ("a-far", " ".join(substitute(A, list(range(3, 100, 7)))), 0.99),  # 14 edits: far below 0.8
-        ("empty", "?!", NAN),
-        ("null", None, NAN),
-        ("c-copy", " ".join(C), 0.1),
-    ],
-]
-
+from tests.tasks.dedup.corpus import SHARDS, read_ids, write_documents
 
 def _run(tmp_url: str, **cfg):
     manifest = write_documents(tmp_url + "/in", SHARDS)

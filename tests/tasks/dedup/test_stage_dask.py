@@ -10,8 +10,7 @@ import pytest
 from tasks import datasets
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.stage import client_map, run_dedup
-from tests.tasks.dedup.corpus import write_documents
-from tests.tasks.dedup.test_stage import SHARDS
+from tests.tasks.dedup.corpus import SHARDS, write_documents
 
 
 def _kill_own_worker_during(fn, marker: str, delay_s: float, item):

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import copy
 import json
-import multiprocessing
 import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from tasks.config import from_dict, merge_overrides
 from tasks.train.config import TrainConfig
 from tasks.train.model import canonical_name
 from tasks.train.trainer import Trainer
+from tests.tasks.train.ranks import one_thread, run_ranks
 from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow
@@ -86,22 +83,10 @@ def run_layout(cfg: TrainConfig, data_url: str, run_dir: str) -> dict:
     return {"grads": grads, "losses": summary["losses"], "grad_norms": [r["grad_norm"] for r in records]}
 
 
-def _worker(rank: int, world: int, port: int, data_url: str, out_dir: str, layouts: dict[str, list[str]]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        for name, overrides in layouts.items():
-            result = run_layout(config(overrides), data_url, os.path.join(out_dir, name))
-            torch.save(result, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _worker(rank: int, data_url: str, out_dir: str, layouts: dict[str, list[str]]) -> None:
+    for name, overrides in layouts.items():
+        result = run_layout(config(overrides), data_url, os.path.join(out_dir, name))
+        torch.save(result, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
 
 
 @pytest.fixture(scope="module")
@@ -111,21 +96,12 @@ def corpus(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return run_layout(config([]), corpus, str(tmp_path_factory.mktemp("reference")))
-    finally:
-        torch.set_num_threads(threads)
 
 
 def launch(world: int, layouts: dict[str, list[str]], corpus: str, out_dir) -> dict[str, list[dict]]:
-    # A fork server that has imported torch and the trainer once saves each rank that import
-    # (tens of seconds on two shared cores), and unlike plain fork it never forks a process that
-    # has run OpenMP or gloo threads.
-    multiprocessing.set_forkserver_preload([__name__])
-    mp.start_processes(_worker, args=(world, free_port(), corpus, str(out_dir), layouts), nprocs=world,
-                       start_method="forkserver")
+    run_ranks(world, _worker, corpus, str(out_dir), layouts)
     return {name: [torch.load(out_dir / f"{name}.rank{r}.pt") for r in range(world)] for name in layouts}
 
 

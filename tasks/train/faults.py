@@ -1,0 +1,186 @@
+"""Fault injection: kill, stop, slow down or poison a rank on cue, to prove the run survives it.
+
+Off unless asked for, by ``[train.faults] inject`` or the ``SMELT_FAULTS`` environment variable
+(both are read, same syntax): faults separated by ``;``, each ``kind:key=value,...``.
+
+    kill:rank=1,step=7            SIGKILL rank 1 at the start of step 7
+    kill:rank=0,step=6,at=save    ... just after the step-6 checkpoint save started (its files in flight)
+    kill:rank=1,step=8,at=saved   ... once the step-8 checkpoint has committed
+    stop:rank=0,step=5            SIGSTOP rank 0 at the start of step 5: a hang, it never comes back
+    slow:rank=1,factor=3          rank 1 sleeps (factor - 1) × its compute time every step (step=S: from S)
+    nan:step=6                    the loss and gradients of step 6 become NaN (rank=R: on rank R only)
+    crash_in_save:step=10         every rank (rank=R: rank R) exits after the step-10 checkpoint's files
+                                  are written and before its manifest (checkpoint.SMELT_FAULT_CRASH_IN_SAVE);
+                                  step 10 must be a checkpoint step
+
+Kills and stops at the start of a step first wait for earlier checkpoint saves to commit, so the
+checkpoint a restart resumes from does not depend on timing. Every fault but ``slow`` fires once
+per run: before acting, the rank writes ``<run_dir>/faults/fired-<kind>-<rank>-<step>[-<at>]``
+(JSON: pid, host, time), and a restarted rank drops the faults whose marker exists. ``slow`` is a
+condition, not an event: it holds in every process group.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+
+from tasks import datasets
+from tasks.train.checkpoint import FAULT_CRASH_ENV
+from tasks.train.config import FaultConfig
+
+log = logging.getLogger(__name__)
+
+ENV = "SMELT_FAULTS"
+FAULTS_DIR = "faults"
+KINDS = ("kill", "stop", "slow", "nan", "crash_in_save")
+KILL_PHASES = ("step", "save", "saved")
+_NEEDS = {"kill": ("rank", "step"), "stop": ("rank", "step"), "slow": ("rank", "factor"), "nan": ("step",),
+          "crash_in_save": ("step",)}
+_KEYS = {"rank", "step", "factor", "at"}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int | None = None  # None: every rank
+    step: int | None = None
+    factor: float = 1.0
+    at: str = "step"
+
+    def marker(self, rank: int) -> str:
+        """File name recording that this fault fired on ``rank``."""
+        suffix = "" if self.at == "step" else f"-{self.at}"
+        return f"fired-{self.kind}-{rank}-{self.step}{suffix}"
+
+
+def parse_faults(text: str) -> list[Fault]:
+    """``"kill:rank=1,step=7;nan:step=6"`` → faults; a malformed entry raises ValueError naming it."""
+    faults = []
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        kind, _, rest = entry.partition(":")
+        kind = kind.strip()
+        if kind not in KINDS:
+            raise ValueError(f"fault {entry!r}: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+        fields: dict[str, str] = {}
+        for item in filter(None, (i.strip() for i in rest.split(","))):
+            key, eq, value = item.partition("=")
+            if not eq or key not in _KEYS:
+                raise ValueError(f"fault {entry!r}: {item!r} must be one of {', '.join(sorted(_KEYS))} as key=value")
+            fields[key] = value.strip()
+        missing = [k for k in _NEEDS[kind] if k not in fields]
+        if missing:
+            raise ValueError(f"fault {entry!r} needs {' and '.join(missing)} (e.g. {kind}:"
+                             f"{','.join(f'{k}=1' for k in _NEEDS[kind])})")
+        at = fields.get("at", "step")
+        if at not in KILL_PHASES or (at != "step" and kind != "kill"):
+            raise ValueError(f"fault {entry!r}: at= is only for kill and must be one of {', '.join(KILL_PHASES)}")
+        try:
+            fault = Fault(kind, int(fields["rank"]) if "rank" in fields else None,
+                          int(fields["step"]) if "step" in fields else None, float(fields.get("factor", 1.0)), at)
+        except ValueError:
+            raise ValueError(f"fault {entry!r}: rank and step must be integers, factor a number") from None
+        if kind == "slow" and fault.factor < 1:
+            raise ValueError(f"fault {entry!r}: factor must be >= 1 (3 means three times slower)")
+        faults.append(fault)
+    return faults
+
+
+class FaultInjector:
+    """The faults of one rank, fired at the trainer's hook points (each a no-op without faults)."""
+
+    def __init__(self, faults: list[Fault], run_dir: str, rank: int) -> None:
+        self.rank = rank
+        self.dir_url = datasets.join(datasets.normalize_url(run_dir), FAULTS_DIR)
+        mine = [f for f in faults if f.rank in (None, rank)]
+        fired = self._fired() if mine else set()
+        self.faults = [f for f in mine if f.kind == "slow" or f.marker(rank) not in fired]
+        if self.faults:
+            log.warning("fault injection armed on rank %d: %s", rank, self.faults)
+
+    @classmethod
+    def from_config(cls, cfg: FaultConfig, run_dir: str, rank: int) -> "FaultInjector":
+        text = ";".join(filter(None, [cfg.inject, os.environ.get(ENV, "")]))
+        return cls(parse_faults(text), run_dir, rank)
+
+    # -- hook points, in the order a step meets them ---------------------------------------------
+
+    def at_step_start(self, step: int, checkpointer) -> None:
+        """kill / stop at the start of ``step``, once earlier saves have committed."""
+        for fault in self._due(step, ("kill", "stop"), at="step"):
+            checkpointer.wait_for_commit()
+            self._fire(fault, step)
+
+    def poison(self, step: int, loss: torch.Tensor, params) -> torch.Tensor:
+        """A NaN loss, and the NaN gradients its backward would have produced."""
+        for fault in self._due(step, ("nan",)):
+            self._fire(fault, step)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(float("nan"))
+            return loss * float("nan")
+        return loss
+
+    def slow_down(self, step: int, compute_s: float) -> None:
+        for fault in self.faults:
+            if fault.kind == "slow" and step >= (fault.step or 1):
+                time.sleep((fault.factor - 1) * compute_s)
+
+    def before_save(self, step: int) -> None:
+        """Arm checkpoint.py's crash-between-files-and-manifest hook for this step's save."""
+        for fault in self._due(step, ("crash_in_save",)):
+            self._fire(fault, step)
+
+    def after_save(self, step: int, started: bool, checkpointer) -> None:
+        """kill at=save (the step's files in flight) or at=saved (once they committed)."""
+        if not started:
+            return
+        for fault in self._due(step, ("kill",), at="save"):
+            self._fire(fault, step)
+        for fault in self._due(step, ("kill",), at="saved"):
+            checkpointer.wait_for_commit()
+            self._fire(fault, step)
+
+    # -- firing ----------------------------------------------------------------------------------
+
+    def _due(self, step: int, kinds: tuple[str, ...], at: str = "step") -> list[Fault]:
+        return [f for f in self.faults if f.kind in kinds and f.step == step and f.at == at]
+
+    def _fire(self, fault: Fault, step: int) -> None:
+        self.faults.remove(fault)
+        record = {"kind": fault.kind, "rank": self.rank, "step": step, "at": fault.at, "pid": os.getpid(),
+                  "host": socket.gethostname(), "time": time.time()}
+        with datasets.atomic_write(datasets.join(self.dir_url, fault.marker(self.rank)), "w") as f:
+            f.write(json.dumps(record))
+        log.warning("fault injection: %s on rank %d at step %d (pid %d)", fault.kind + (
+            "" if fault.at == "step" else f"@{fault.at}"), self.rank, step, os.getpid())
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif fault.kind == "crash_in_save":
+            os.environ[FAULT_CRASH_ENV] = str(step)
+
+    def _fired(self) -> set[str]:
+        fs, path = datasets.filesystem(self.dir_url)
+        if not fs.exists(path):
+            return set()
+        return {entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)}
+
+
+def fired_faults(run_dir: str) -> list[dict]:
+    """The fault records of a run (what fired, where, when), oldest first."""
+    url = datasets.join(datasets.normalize_url(run_dir), FAULTS_DIR)
+    fs, path = datasets.filesystem(url)
+    if not fs.exists(path):
+        return []
+    entries = [e for e in fs.ls(path, detail=False) if e.rstrip("/").rsplit("/", 1)[-1].startswith("fired-")]
+    records = [json.loads(fs.cat_file(entry)) for entry in entries]
+    return sorted(records, key=lambda r: r["time"])

@@ -1,0 +1,118 @@
+"""Straggler detection: find the rank that makes every other rank wait.
+
+Every rank times each step in two parts: *compute*, from the step's start to its arrival at the
+step-end all-reduce of the loss, and *wait*, the time spent in that all-reduce, which every rank
+leaves together. A slow rank arrives late and hardly waits; the others wait for it. Every
+``every_steps`` steps all ranks all-gather their window sums (three floats each); rank 0 flags a
+rank whose mean compute exceeds the median of all ranks by more than ``margin`` (a fraction) for
+``consecutive_windows`` windows in a row. The median is not moved by one straggler among three or
+more ranks; with two ranks it is their mean, so a margin of 0.25 flags a rank 1.67× the other.
+
+Limits: collectives inside the step (FSDP all-gathers, the gradient-norm all-reduce) also wait
+for the slowest rank, and that wait counts as compute for everyone; only the slowness after a
+rank's last such collective (or before its first, e.g. data loading) separates it from the rest.
+A device-level signal (CUDA event timing per kernel) would see more; this one needs nothing.
+
+Reports, on rank 0: a warning naming the rank and host, ``straggler_max_ratio`` and
+``stragglers`` in the step's metrics record, and ``<run_dir>/stragglers.json`` rewritten each
+window (the train flow publishes it). With ``write_exclude_list``, flagged hosts are also written
+to ``<run_dir>/exclude_hosts.json``, which the launcher reads on the next launch
+(tasks/train/launch.py: on one host it can only report them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import statistics
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+from tasks import datasets
+from tasks.train.config import StragglerConfig
+from tasks.train.launch import EXCLUDE_HOSTS
+
+log = logging.getLogger(__name__)
+
+REPORT = "stragglers.json"
+KEPT_WINDOWS = 50
+
+
+def compare_to_median(compute: list[float], margin: float) -> tuple[list[float], list[int]]:
+    """Each rank's compute over the median of all ranks, and the ranks above ``1 + margin``."""
+    median = statistics.median(compute)
+    ratios = [c / median if median > 0 else 1.0 for c in compute]
+    return ratios, [r for r, ratio in enumerate(ratios) if ratio > 1 + margin]
+
+
+class StragglerDetector:
+    """Per-rank step timing; ``maybe_check(step)`` is collective on window ends (call it on every rank)."""
+
+    def __init__(self, cfg: StragglerConfig, run_dir: str, *, rank: int, world_size: int) -> None:
+        self.cfg = cfg
+        self.rank, self.world_size = rank, world_size
+        self.run_dir = datasets.normalize_url(run_dir)
+        self.enabled = world_size > 1
+        self.hosts = [socket.gethostname()]
+        if self.enabled:
+            self.hosts = [None] * world_size
+            dist.all_gather_object(self.hosts, socket.gethostname())
+        self.streak = [0] * world_size
+        self.flagged: list[dict] = self._earlier_flags() if self.enabled and rank == 0 else []
+        self.windows: deque[dict] = deque(maxlen=KEPT_WINDOWS)
+        self._sums = [0.0, 0.0, 0.0]  # compute seconds, wait seconds, steps
+
+    def observe(self, compute_s: float, wait_s: float) -> None:
+        self._sums[0] += compute_s
+        self._sums[1] += wait_s
+        self._sums[2] += 1
+
+    def maybe_check(self, step: int) -> dict:
+        """At the end of a window: gather, judge, report; returns metric fields (rank 0) or {}."""
+        if not self.enabled or step % self.cfg.every_steps:
+            return {}
+        parts = [torch.zeros(3, dtype=torch.float64) for _ in range(self.world_size)]
+        dist.all_gather(parts, torch.tensor(self._sums, dtype=torch.float64))
+        gathered = torch.stack(parts)
+        self._sums = [0.0, 0.0, 0.0]
+        steps = gathered[:, 2].clamp(min=1)
+        compute, wait = (gathered[:, 0] / steps).tolist(), (gathered[:, 1] / steps).tolist()
+        ratios, slow = compare_to_median(compute, self.cfg.margin)
+        self.streak = [self.streak[r] + 1 if r in slow else 0 for r in range(self.world_size)]
+        if self.rank != 0:
+            return {}
+        self.windows.append({"step": step, "compute_s": compute, "wait_s": wait, "ratio": ratios, "slow": slow})
+        newly = [r for r in range(self.world_size) if self.streak[r] == self.cfg.consecutive_windows]
+        for r in newly:
+            self.flagged.append({"rank": r, "host": self.hosts[r], "step": step, "ratio": ratios[r],
+                                 "windows": self.cfg.consecutive_windows})
+            log.warning("straggler: rank %d on %s took %.2f× the median step compute for %d windows of %d steps "
+                        "(up to step %d)", r, self.hosts[r], ratios[r], self.cfg.consecutive_windows,
+                        self.cfg.every_steps, step)
+        self._write_report()
+        if newly and self.cfg.write_exclude_list:
+            self._write_exclude_list()
+        current = [r for r in range(self.world_size) if self.streak[r] >= self.cfg.consecutive_windows]
+        return {"straggler_max_ratio": max(ratios), "stragglers": current}
+
+    def _earlier_flags(self) -> list[dict]:
+        """Flags raised by earlier process groups of this run (they are kept in the report)."""
+        fs, path = datasets.filesystem(datasets.join(self.run_dir, REPORT))
+        return json.loads(fs.cat_file(path))["flagged"] if fs.exists(path) else []
+
+    def _write_report(self) -> None:
+        report = {"every_steps": self.cfg.every_steps, "margin": self.cfg.margin,
+                  "consecutive_windows": self.cfg.consecutive_windows, "world_size": self.world_size,
+                  "hosts": self.hosts, "flagged": self.flagged, "windows": list(self.windows)}
+        with datasets.atomic_write(datasets.join(self.run_dir, REPORT), "w") as f:
+            f.write(json.dumps(report, indent=2))
+
+    def _write_exclude_list(self) -> None:
+        hosts = sorted({f["host"] for f in self.flagged})
+        with datasets.atomic_write(datasets.join(self.run_dir, EXCLUDE_HOSTS), "w") as f:
+            f.write(json.dumps({"hosts": hosts, "ranks": sorted({f["rank"] for f in self.flagged}),
+                                "reason": "straggler"}, indent=2))
+        log.warning("straggler: wrote %s listing %s for the next launch", EXCLUDE_HOSTS, ", ".join(hosts))
