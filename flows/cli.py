@@ -241,7 +241,7 @@ def train(
 @app.command("eval")
 def evaluate(
     checkpoint: Annotated[str, typer.Option("--checkpoint", help="A checkpoint step-NNNNNNNN URL or a run folder (its newest committed checkpoint).")],
-    data: Annotated[Optional[str], typer.Option("--data", "-d", help="Token dataset with a val split (default: the one the run trained on).")] = None,
+    data: Annotated[Optional[str], typer.Option("--data", "-d", help="Token dataset with a val split (default: the first, by name, of those the run trained on).")] = None,
     root: RootOpt = "smelt-data",
     config: ConfigOpt = None,
     set_: SetOpt = None,

@@ -53,8 +53,12 @@ def free_port() -> int:
 
 
 def torchrun_command(nproc: int, args: list[str], run_id: str, max_restarts: int, rdzv_port: int,
-                     nnodes: str = "1") -> list[str]:
-    """The torchrun command line (this node's agent) running ``python -m tasks.train.main ARGS`` on each rank."""
+                     nnodes: str = "1", rdzv_conf: str | None = None) -> list[str]:
+    """The torchrun command line (this node's agent) running ``python -m tasks.train.main ARGS`` on each rank.
+
+    ``rdzv_conf`` tunes an elastic rendezvous, e.g. ``last_call_timeout=10,keep_alive_interval=1``
+    (seconds to wait for more nodes once the minimum is there; heartbeat that finds lost nodes).
+    """
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", nnodes,
@@ -62,16 +66,17 @@ def torchrun_command(nproc: int, args: list[str], run_id: str, max_restarts: int
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}",
         "--rdzv-id", run_id,
+        *(["--rdzv-conf", rdzv_conf] if rdzv_conf else []),
         "--max-restarts", str(max_restarts),
         "-m", "tasks.train.main", *args,
     ]
 
 
 def start_torchrun(nproc: int, args: list[str], run_dir: str, max_restarts: int = 0, rdzv_port: int | None = None,
-                   *, nnodes: str = "1") -> subprocess.Popen:
+                   *, nnodes: str = "1", rdzv_conf: str | None = None) -> subprocess.Popen:
     """Start this node's torchrun agent in a session of its own; its output is the Popen's stdout."""
     run_id = hashlib.sha256(contract.normalize_url(run_dir).encode()).hexdigest()[:12]
-    cmd = torchrun_command(nproc, args, run_id, max_restarts, rdzv_port or free_port(), nnodes)
+    cmd = torchrun_command(nproc, args, run_id, max_restarts, rdzv_port or free_port(), nnodes, rdzv_conf)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -159,6 +164,17 @@ def _stop_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def prepare_run(data: dict[str, str], config: dict, run_dir: str) -> list[str]:
+    """Write ``<run_dir>/train_config.json`` (the run folder records what ran, and restarted ranks reread
+    it); returns the ``tasks.train.main`` arguments that train it on ``data`` (name → tokens URL)."""
+    run_dir = contract.normalize_url(run_dir)
+    config_url = contract.join(run_dir, "train_config.json")
+    with contract.atomic_write(config_url, "w") as f:
+        f.write(json.dumps(config, indent=2, sort_keys=True))
+    return ["--config", config_url, "--data", ",".join(f"{name}={url}" for name, url in data.items()),
+            "--run-dir", run_dir]
+
+
 def launch_torchrun(
     *,
     data: dict[str, str],
@@ -172,14 +188,9 @@ def launch_torchrun(
     log: Callable[[str], None] = log.info,
 ) -> dict:
     """Train ``config`` (a TrainConfig as a dict) on ``data`` (name → tokens URL) with ``nproc``
-    local ranks; returns {returncode, summary, seconds, restarts}. The config is written to
-    ``<run_dir>/train_config.json`` so the run folder records what ran (and restarted ranks reread it)."""
+    local ranks; returns {returncode, summary, seconds, restarts}."""
     run_dir = contract.normalize_url(run_dir)
-    config_url = contract.join(run_dir, "train_config.json")
-    with contract.atomic_write(config_url, "w") as f:
-        f.write(json.dumps(config, indent=2, sort_keys=True))
-    args = ["--config", config_url, "--data", ",".join(f"{name}={url}" for name, url in data.items()),
-            "--run-dir", run_dir]
+    args = prepare_run(data, config, run_dir)
     started = time.monotonic()
     goodput.append_event(run_dir, {"event": "launch", "time": time.time(), "host": socket.gethostname()})
     returncode = run_torchrun(nproc, args, run_dir, max_restarts, rdzv_port, nnodes=nnodes, timeout_s=timeout_s,

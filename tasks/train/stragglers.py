@@ -1,8 +1,9 @@
 """Straggler detection: find the rank that makes every other rank wait.
 
 Every rank times each step in two parts: *compute*, from the step's start to its arrival at the
-step-end all-reduce of the loss, and *wait*, the time spent in that all-reduce, which every rank
-leaves together. A slow rank arrives late and hardly waits; the others wait for it. Every
+step-end all-reduce of the loss (less any time blocked on a checkpoint), and *wait*, the time
+spent in that all-reduce, which every rank leaves together. The first step of a process group
+(allocation, warm-up) is not timed. A slow rank arrives late and hardly waits; the others wait for it. Every
 ``every_steps`` steps all ranks all-gather their window sums (three floats each); rank 0 flags a
 rank whose mean compute exceeds the median of all ranks by more than ``margin`` (a fraction) for
 ``consecutive_windows`` windows in a row. The median is not moved by one straggler among three or
@@ -64,8 +65,12 @@ class StragglerDetector:
         self.flagged: list[dict] = self._earlier_flags() if self.enabled and rank == 0 else []
         self.windows: deque[dict] = deque(maxlen=KEPT_WINDOWS)
         self._sums = [0.0, 0.0, 0.0]  # compute seconds, wait seconds, steps
+        self._warm = False
 
     def observe(self, compute_s: float, wait_s: float) -> None:
+        if not self._warm:
+            self._warm = True
+            return
         self._sums[0] += compute_s
         self._sums[1] += wait_s
         self._sums[2] += 1

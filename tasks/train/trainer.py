@@ -290,7 +290,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         """One optimizer step on the next global batch; returns its metrics record."""
-        start = time.perf_counter()
+        start, blocked_before = time.perf_counter(), self.checkpointer.blocked_s
         inputs, targets = self.loader.next_batch()
         inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
 
@@ -305,7 +305,8 @@ class Trainer:
         self.faults.slow_down(step, time.perf_counter() - start)
         arrived = time.perf_counter()
         loss = self.global_loss(local_loss)  # the step-end sync point: every rank waits for the slowest here
-        self.stragglers.observe(compute_s=arrived - start, wait_s=time.perf_counter() - arrived)
+        self.stragglers.observe(compute_s=arrived - start - (self.checkpointer.blocked_s - blocked_before),
+                                wait_s=time.perf_counter() - arrived)
 
         self.state.step = step
         self.state.tokens += self.batch.tokens_per_step

@@ -81,6 +81,20 @@ def diagnose(first: dict[int, Heartbeat], second: dict[int, Heartbeat], world_si
     return silent, lagging
 
 
+def kill_if_local(beat: Heartbeat) -> bool:
+    """SIGKILL the process behind ``beat`` if it runs on this host (and is not a recycled pid)."""
+    if beat.host != socket.gethostname():
+        return False
+    try:
+        proc = psutil.Process(beat.pid)
+        if abs(proc.create_time() - beat.created) > 1.0:
+            return False
+        proc.send_signal(signal.SIGKILL)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return True
+
+
 class ProgressWatchdog:
     """Exits this process when no step finishes in time; call ``beat(step)`` after every step.
 
@@ -187,6 +201,7 @@ class ProgressWatchdog:
             if first is None:
                 first = self._snapshot()
                 time.sleep(3 * self.poll_s)
+            self._publish()  # this rank is alive, whatever its last poll
             second = self._snapshot()
             silent, lagging = diagnose(first, second, self.world_size)
             line += "; " + self._describe(silent, lagging, second)
@@ -200,21 +215,11 @@ class ProgressWatchdog:
         for rank in silent:
             beat = beats.get(rank)
             where = f"since step {beat.step}" if beat else "never reported"
-            parts.append(f"rank {rank} silent {where} (stopped, frozen or dead){self._kill_if_local(beat)}")
+            killed = beat is not None and beat.pid != os.getpid() and kill_if_local(beat)
+            parts.append(f"rank {rank} silent {where} (stopped, frozen or dead)"
+                         + (f", SIGKILLed pid {beat.pid} on this host" if killed else ""))
         for rank in lagging:
             parts.append(f"rank {rank} alive but behind, at step {beats[rank].step}")
         if not parts:
             return "every rank is alive and waiting in the same step (a collective no rank completes)"
         return "stuck: " + "; ".join(parts)
-
-    def _kill_if_local(self, beat: Heartbeat | None) -> str:
-        if beat is None or beat.host != self._host or beat.pid == os.getpid():
-            return ""
-        try:
-            proc = psutil.Process(beat.pid)
-            if abs(proc.create_time() - beat.created) > 1.0:
-                return ""
-            proc.send_signal(signal.SIGKILL)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return ""
-        return f", SIGKILLed pid {beat.pid} on this host"

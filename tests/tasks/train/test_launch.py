@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import _thread
 import json
+import socket
 import time
 
 import psutil
 import pytest
 
 from tasks.train.checkpoint import list_committed
-from tasks.train.launch import LaunchError, launch_torchrun, torchrun_command
+from tasks.train.launch import LaunchError, check_not_excluded, launch_torchrun, torchrun_command
 from tests.tasks.train.token_corpus import make_corpus
 
 TINY = {
@@ -76,3 +77,21 @@ def test_a_timeout_is_an_error_and_leaves_no_process(tmp_path):
         launch_torchrun(data={"main": str(tmp_path)}, config={"steps": 1}, run_dir=run_dir, nproc=2, timeout_s=3)
     assert time.monotonic() - started < 3 + 35
     assert _ranks_of(run_dir) == []
+
+
+def test_an_elastic_agent_passes_its_node_range_and_rendezvous_settings():
+    cmd = torchrun_command(1, [], "run1", max_restarts=2, rdzv_port=29400, nnodes="1:2",
+                           rdzv_conf="last_call_timeout=10")
+    line = " ".join(cmd)
+    assert "--nnodes 1:2 --nproc-per-node 1" in line and "--rdzv-conf last_call_timeout=10" in line
+
+
+def test_an_excluded_host_refuses_to_join_an_elastic_job_and_is_only_reported_otherwise(tmp_path):
+    (tmp_path / "exclude_hosts.json").write_text(json.dumps({"hosts": [socket.gethostname()], "ranks": [1]}))
+    with pytest.raises(LaunchError, match="exclude_hosts.json \\(a straggler\\); the elastic job continues"):
+        check_not_excluded(str(tmp_path), "1:2")
+    reported: list[str] = []
+    check_not_excluded(str(tmp_path), "1", reported.append)
+    assert "cannot run without its hosts" in reported[0]
+    check_not_excluded(str(tmp_path / "no-list"), "1:2", reported.append)
+    assert len(reported) == 1
