@@ -100,8 +100,14 @@ def artifact_key(text: str) -> str:
 
 
 def publish_stats(stage: str, manifest: datasets.Manifest) -> None:
-    """The stage's counters as a Prefect table artifact (the funnel, drop reasons, failures)."""
-    rows = [{"counter": k, "value": v} for k, v in sorted(manifest.stats.items())]
+    """The stage's counters as a Prefect table artifact: the ordered funnel when the stage records one
+    (documents in → out of every step, with drop reasons), else every counter."""
+    from tasks.ingest.stage import funnel
+
+    if any(k.startswith("funnel.") for k in manifest.stats):
+        rows = [{"step": name, "documents": count} for name, count in funnel(manifest)]
+    else:
+        rows = [{"counter": k, "value": v} for k, v in sorted(manifest.stats.items())]
     create_table_artifact(
         key=artifact_key(f"smelt-{stage}-stats"),
         table=rows,
