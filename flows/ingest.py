@@ -15,7 +15,7 @@ from tasks.ingest.code.config import CodeIngestConfig
 from tasks.ingest.code.readers import expand_code_inputs
 from tasks.ingest.code.stage import STAGE as CODE_STAGE
 from tasks.ingest.code.stage import code_input_fingerprints, run_code_ingest
-from tasks.ingest.stage import STAGE, run_ingest
+from tasks.ingest.stage import STAGE, funnel, run_ingest
 
 
 def model_stamps(cfg: IngestConfig) -> list[str]:
@@ -41,8 +41,9 @@ def ingest_task(inputs: list[str], root: str, config: dict, dask_address: str | 
     cfg = from_dict(IngestConfig, config)
     urls, url, fp = ingest_output(inputs, root, cfg)
     url = datasets.normalize_url(output) if output else url
-    return run_on_dask(STAGE, url, fp, dask_address,
-                       lambda map_fn: run_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn))
+    outcome = run_on_dask(STAGE, url, fp, dask_address,
+                          lambda map_fn: run_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn))
+    return {**outcome, "funnel": funnel(datasets.open_dataset(outcome["url"]))}
 
 
 @flow(name="ingest")
@@ -66,8 +67,9 @@ def code_ingest_task(inputs: list[str], root: str, config: dict, dask_address: s
     cfg = from_dict(CodeIngestConfig, config)
     urls, url, fp = code_ingest_output(inputs, root, cfg)
     url = datasets.normalize_url(output) if output else url
-    return run_on_dask(CODE_STAGE, url, fp, dask_address,
-                       lambda map_fn: run_code_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn))
+    outcome = run_on_dask(CODE_STAGE, url, fp, dask_address,
+                          lambda map_fn: run_code_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn))
+    return {**outcome, "funnel": funnel(datasets.open_dataset(outcome["url"]))}
 
 
 @flow(name="ingest-code")

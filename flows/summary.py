@@ -34,7 +34,20 @@ def _in_out(stage: dict) -> tuple[str, str]:
     return (f"{docs_in:,}" if isinstance(docs_in, (int, float)) else str(docs_in)), f"{docs_out:,}"
 
 
+def render_funnel(stage: dict, console: Console) -> None:
+    """Documents left after each step, and why the others went."""
+    table = Table(title=f"{escape(stage['stage'])} funnel")
+    table.add_column("step")
+    table.add_column("documents", justify="right")
+    for name, count in stage["funnel"]:
+        dropped = name.startswith(("dropped.", "failed."))
+        table.add_row(f"  {name}" if dropped else name, f"−{count:,}" if dropped else f"{count:,}")
+    console.print(table)
+
+
 def render_stage(stage: dict, console: Console) -> None:
+    if stage.get("funnel"):
+        render_funnel(stage, console)
     table = Table(title=f"smelt {stage['stage']}")
     for col in ("status", "in", "out", "drop reasons", "seconds", "output"):
         table.add_column(col)
@@ -60,6 +73,9 @@ def render_eval(stage: dict, console: Console) -> None:
 
 
 def render_run_summary(summary: dict, console: Console) -> None:
+    for stage in summary["stages"]:
+        if stage.get("funnel"):
+            render_funnel(stage, console)
     table = Table(title=f"smelt run — {summary['root']}")
     for col in ("stage", "status", "in", "out", "drop reasons / result", "seconds"):
         table.add_column(col, overflow="fold")
