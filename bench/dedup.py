@@ -232,11 +232,13 @@ def run_smelt(input_url: str, output_url: str, threshold: float, queue) -> None:
     from tasks.dedup.stage import run_dedup
 
     phase_seconds: dict[str, float] = {}
+    phase_peak_mb: dict[str, float] = {}  # peak so far at the end of each phase
 
     def timed_map(fn, items, *, label=""):
         start = time.process_time()
         out = [fn(item) for item in items]
         phase_seconds[label] = time.process_time() - start
+        phase_peak_mb[label] = peak_rss_mb()
         return out
 
     start, wall = time.process_time(), time.perf_counter()
@@ -244,6 +246,7 @@ def run_smelt(input_url: str, output_url: str, threshold: float, queue) -> None:
                          fingerprint="bench", map_fn=timed_map)
     seconds, wall = time.process_time() - start, time.perf_counter() - wall
     queue.put({"seconds": seconds, "wall_seconds": wall, "phases": phase_seconds, "peak_rss_mb": peak_rss_mb(),
+               "phase_peak_mb": phase_peak_mb,
                "stats": manifest.stats, "meta": manifest.meta,
                "shards": [datasets.shard_url(manifest, s) for s in manifest.shards]})
 
@@ -319,6 +322,7 @@ def main() -> None:
         "candidate_pairs": result["stats"].get("dedup.candidate_pairs", 0),
         "verified_pairs": result["stats"].get("dedup.verified_pairs", 0),
         "phase_cpu_seconds": {k: round(v, 2) for k, v in phases.items()},
+        "phase_peak_rss_mb": {k: round(v) for k, v in result["phase_peak_mb"].items()},
         "smelt_wall_seconds": round(result["wall_seconds"], 1),
         "datasketch_docs_timed": datasketch_docs,
     }))

@@ -106,8 +106,12 @@ def exact_jaccard(sets_a: list[np.ndarray], sets_b: list[np.ndarray]) -> np.ndar
     return np.where(union > 0, intersection / np.maximum(union, 1), 1.0)
 
 
-def similarity(store: SignatureStore, a: np.ndarray, b: np.ndarray, mode: str, chunk: int = 20_000) -> np.ndarray:
-    """Similarity of document pairs as the verification mode measures it."""
+def similarity(store: SignatureStore, a: np.ndarray, b: np.ndarray, mode: str, chunk: int = 2048) -> np.ndarray:
+    """Similarity of document pairs as the verification mode measures it.
+
+    ``chunk`` pairs at a time: exact Jaccard sorts every shingle of a chunk's pairs (~50 B of
+    working memory per shingle), so this bounds the memory of a bucket however many pairs it has.
+    """
     out = np.zeros(len(a))
     for lo in range(0, len(a), chunk):
         pa, pb = a[lo : lo + chunk], b[lo : lo + chunk]

@@ -131,7 +131,7 @@ class WatchdogConfig:
 
     collective_timeout_s: float = 1800.0  # the default process group's collective timeout
     hang_timeout_s: float = 600.0  # no step finished for this long: the rank exits for a restart
-    startup_timeout_s: float = 1800.0  # the same limit until the first step (checkpoint load, compile)
+    startup_timeout_s: float = 1800.0  # instead, before the first step, over rollbacks and the final commit
 
     def __post_init__(self) -> None:
         if min(self.collective_timeout_s, self.hang_timeout_s, self.startup_timeout_s) <= 0:

@@ -4,7 +4,8 @@ Off unless asked for, by ``[train.faults] inject`` or the ``SMELT_FAULTS`` envir
 (both are read, same syntax): faults separated by ``;``, each ``kind:key=value,...``.
 
     kill:rank=1,step=7            SIGKILL rank 1 at the start of step 7
-    kill:rank=0,step=6,at=save    ... just after the step-6 checkpoint save started (its files in flight)
+    kill:rank=0,step=6,at=save    ... just after the step-6 checkpoint save started (its files in flight;
+                                  with checkpoint.async_mode=off the save is already complete then)
     kill:rank=1,step=8,at=saved   ... once the step-8 checkpoint has committed
     stop:rank=0,step=5            SIGSTOP rank 0 at the start of step 5: a hang, it never comes back
     slow:rank=1,factor=3          rank 1 sleeps (factor - 1) × its compute time every step (step=S: from S)

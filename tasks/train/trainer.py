@@ -160,6 +160,17 @@ class Trainer:
         self._owns_group = _init_distributed(self.device.type, cfg.watchdog.collective_timeout_s)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.watchdog = watchdog.ProgressWatchdog(cfg.watchdog, rank=self.rank, world_size=self.world_size).start()
+        try:
+            self._build(started_at)
+        except BaseException:  # a failed build leaves no watchdog thread and no process group behind
+            self.watchdog.stop()
+            if self._owns_group:
+                dist.destroy_process_group()
+            raise
+
+    def _build(self, started_at: float) -> None:
+        """Everything after joining the process group, in order."""
+        cfg, datasets = self.cfg, self.datasets
         torch.manual_seed(cfg.seed)
 
         # 1. Layout and the batch contract.
@@ -365,8 +376,8 @@ class Trainer:
                          record["tokens_per_s"], 100 * record["mfu"], record["peak_mem_gib"])
             step += 1
         blocked_before = self.checkpointer.blocked_s
+        self.watchdog.long_phase()
         self.checkpointer.wait_for_commit()  # the run is done only when its last checkpoint is
-        self.watchdog.touch()
         summary = self._summary(records, time.perf_counter() - start, first_step,
                                 final_checkpoint_s=self.checkpointer.blocked_s - blocked_before)
         if self.rank == 0:
@@ -377,6 +388,7 @@ class Trainer:
     def _roll_back(self, step: int, reason: str, loss: float) -> int:
         """Reload the newest committed checkpoint and record the skipped samples; returns its step."""
         end = self.loader.samples_consumed
+        self.watchdog.long_phase()
         target = self.checkpointer.latest_step()  # waits for an in-flight save: the same answer on every rank
         if target is None:
             start, end = skip_window(end, 0, self.cfg.loss_guard.skip_batches, self.batch.global_batch)
@@ -389,7 +401,6 @@ class Trainer:
                                  self.batch.global_batch)
         self.skips.add(SkippedRange(start, end, step, target, reason, loss))
         self.loss_guard.forget_after(target)
-        self.watchdog.touch()
         log.warning("loss guard: %s at step %d (loss %s, robust z %s): rolled back to step %d, skipping samples "
                     "[%d, %d)", reason, step, loss, self.loss_guard.last_z, target, start, end)
         return target

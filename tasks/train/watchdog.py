@@ -106,6 +106,7 @@ class ProgressWatchdog:
         self.rank, self.world_size = rank, world_size
         self.poll_s = max(0.2, min(5.0, cfg.hang_timeout_s / 10))
         self._last_step = -1
+        self._long_phase = True  # until the first step: building, checkpoint load, compile
         self._last_progress = time.monotonic()
         self._count = 0
         self._created = psutil.Process().create_time()
@@ -126,10 +127,12 @@ class ProgressWatchdog:
         """A step finished (published at once: peers must see the step a rank stopped after)."""
         self._last_step = step
         self._last_progress = time.monotonic()
+        self._long_phase = False
         self._publish()
 
-    def touch(self) -> None:
-        """Progress that is not a step (a rollback reloading a checkpoint)."""
+    def long_phase(self) -> None:
+        """Until the next beat the limit is ``startup_timeout_s``: a checkpoint load or the final commit follows."""
+        self._long_phase = True
         self._last_progress = time.monotonic()
 
     def stop(self) -> None:
@@ -140,7 +143,7 @@ class ProgressWatchdog:
     # -- the thread --------------------------------------------------------------------------------
 
     def _limit(self) -> float:
-        return self.cfg.hang_timeout_s if self._last_step >= 0 else self.cfg.startup_timeout_s
+        return self.cfg.startup_timeout_s if self._long_phase else self.cfg.hang_timeout_s
 
     def _run(self) -> None:
         settle = 3 * self.poll_s

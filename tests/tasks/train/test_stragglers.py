@@ -1,0 +1,31 @@
+"""Straggler judgement: each rank's compute against the median of all ranks (the multi-rank flagging runs
+for real in tests/tasks/train/test_fault_tolerance.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.train.config import StragglerConfig
+from tasks.train.stragglers import StragglerDetector, compare_to_median
+
+
+def test_one_slow_rank_among_many_is_flagged_against_the_median():
+    ratios, slow = compare_to_median([1.0, 1.02, 0.98, 1.01, 3.0], margin=0.25)
+    assert slow == [4] and ratios[4] == pytest.approx(3.0 / 1.01)
+
+
+def test_two_ranks_three_times_apart_flag_the_slow_one_and_balanced_ranks_flag_none():
+    assert compare_to_median([1.0, 3.0], margin=0.25)[1] == [1]  # 3.0 / 2.0 = 1.5 > 1.25
+    assert compare_to_median([1.0, 1.2], margin=0.25)[1] == []
+    assert compare_to_median([0.0, 0.0], margin=0.25) == ([1.0, 1.0], [])  # a window without timed steps
+
+
+def test_a_single_rank_has_no_one_to_be_slower_than(tmp_path):
+    detector = StragglerDetector(StragglerConfig(every_steps=1), str(tmp_path), rank=0, world_size=1)
+    detector.observe(1.0, 0.0)
+    assert detector.maybe_check(1) == {} and not (tmp_path / "stragglers.json").exists()
+
+
+def test_a_margin_must_be_positive():
+    with pytest.raises(ValueError, match="margin > 0"):
+        StragglerConfig(margin=0)
