@@ -9,11 +9,12 @@ deployment trigger) consumes by URL.
 from __future__ import annotations
 
 import contextvars
+import json
 import threading
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_link_artifact
+from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
@@ -23,6 +24,7 @@ from tasks.config import from_dict
 from tasks.train.checkpoint import list_committed
 from tasks.train.config import TrainConfig
 from tasks.train.launch import launch_torchrun
+from tasks.train.stragglers import REPORT as STRAGGLER_REPORT
 
 STAGE = "train"
 CHECKPOINT_EVENT = "smelt.checkpoint.committed"
@@ -73,6 +75,25 @@ class CheckpointPublisher:
             self.poll()
 
 
+def publish_run_reports(run_dir: str, run_name: str) -> None:
+    """Straggler flags and the goodput split of a finished launch as Prefect table artifacts."""
+    fs, path = datasets.filesystem(datasets.join(run_dir, STRAGGLER_REPORT))
+    if fs.exists(path):
+        flagged = json.loads(fs.cat_file(path)).get("flagged", [])
+        if flagged:
+            get_run_logger().warning(f"train: {len(flagged)} straggler flag(s) in {run_dir}: {flagged}")
+        create_table_artifact(key=artifact_key(f"smelt-stragglers-{run_name}"),
+                              table=flagged or [{"rank": None, "note": "no rank flagged"}],
+                              description=f"ranks flagged as stragglers in {run_dir}")
+    sfs, spath = datasets.filesystem(datasets.join(run_dir, "summary.json"))
+    if sfs.exists(spath):
+        goodput = json.loads(sfs.cat_file(spath)).get("goodput")
+        if goodput:
+            create_table_artifact(key=artifact_key(f"smelt-goodput-{run_name}"),
+                                  table=[{"part": k, "value": v} for k, v in goodput.items() if not isinstance(v, list)],
+                                  description=f"wall-time split of {run_dir}")
+
+
 @task(name="train", cache_policy=NO_CACHE)
 def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: str | None = None) -> dict:
     """Train (or resume, or reuse) a model; returns a StageOutcome dict whose url is the run folder."""
@@ -101,6 +122,7 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
         stop.set()
         follower.join(timeout=10)
     publisher.poll()
+    publish_run_reports(url, fp)
     summary = result["summary"]
     committed = list_committed(url)
     if not committed:
