@@ -85,6 +85,10 @@ def render_run_summary(summary: dict, console: Console) -> None:
         if _kind(stage) == "train":
             s = stage["summary"]
             result = f"{s['steps']} steps, loss {s['first_loss']:.3f} → {s['last_loss']:.3f}"
+            if s.get("resumed_from"):
+                result += f", resumed from step {s['resumed_from']}"
+            if isinstance(s.get("goodput"), dict) and "goodput" in s["goodput"]:
+                result += f", goodput {s['goodput']['goodput']:.0%}"
             records_out = f"{s['tokens']:,} tokens"
         elif _kind(stage) == "eval":
             st = stage["stats"]
