@@ -18,7 +18,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tasks import datasets
 from tasks.eval.config import EvalConfig
 from tasks.train.config import ModelConfig
 from tasks.train.data import TokenStream

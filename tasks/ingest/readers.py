@@ -416,38 +416,51 @@ def _parse_content_type(value: str) -> tuple[str, str]:
 
 def read_jsonl(url: str, cfg: ReaderConfig, stats: Stats) -> Iterator[Document]:
     """Documents from JSON lines with a ``text`` field; blank lines are not records."""
+    truncated = f"read_truncated_{_compression(url)}"
+    for line_no, record in read_json_lines(url, cfg.max_payload_bytes, stats, prefix="read", truncated=truncated):
+        doc = _row_document(url, line_no, record, stats)
+        if doc is not None:
+            stats.add("read.docs")
+            yield doc
+
+
+def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str, truncated: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) of each line of a JSONL file (plain, .gz or .zst), streamed.
+
+    Counts ``read.records``; skips an oversize line (``dropped.<prefix>_too_large``), undecodable
+    bytes (``dropped.<prefix>_undecodable``) and malformed JSON (``failed.<prefix>_bad_record``); a
+    truncated or corrupt compressed stream ends the file (``failed.<truncated>``,
+    ``failed.<prefix>_corrupt_file``) keeping every line read before it.
+    """
     with open_input(url) as f:
         line_no = 0
         try:
-            for line_no, line in enumerate(_bounded_lines(f, cfg.max_payload_bytes)):
+            for line_no, line in enumerate(_bounded_lines(f, max_line_bytes)):
                 if line is not None and not line.strip():
                     continue
                 stats.add("read.records")
                 if line is None:
-                    stats.add("dropped.read_too_large")
+                    stats.add(f"dropped.{prefix}_too_large")
                     continue
                 try:
                     record = json.loads(line)
                 except UnicodeDecodeError:
-                    stats.add("dropped.read_undecodable")
+                    stats.add(f"dropped.{prefix}_undecodable")
                     continue
                 except json.JSONDecodeError:
-                    stats.add("failed.read_bad_record")
+                    stats.add(f"failed.{prefix}_bad_record")
                     continue
-                doc = _row_document(url, line_no, record, stats)
-                if doc is not None:
-                    stats.add("read.docs")
-                    yield doc
+                yield line_no, record
         except EOFError:
-            stats.add(f"failed.read_truncated_{_compression(url)}")
+            stats.add(f"failed.{truncated}")
             log.warning("%s: file is truncated after line %d", url, line_no)
         except (gzip.BadGzipFile, zlib.error) as e:
-            stats.add("failed.read_corrupt_file")
+            stats.add(f"failed.{prefix}_corrupt_file")
             log.warning("%s: corrupt compressed data after line %d: %s", url, line_no, e)
         except Exception as e:  # zstandard.ZstdError, without importing zstandard for every format
             if type(e).__name__ != "ZstdError":
                 raise
-            stats.add("failed.read_corrupt_file")
+            stats.add(f"failed.{prefix}_corrupt_file")
             log.warning("%s: corrupt zstd data after line %d: %s", url, line_no, e)
 
 

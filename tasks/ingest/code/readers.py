@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import json
 import logging
 import lzma
 import stat
@@ -34,14 +33,14 @@ import tarfile
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from typing import Any
 
 import fsspec
 
 from tasks.datasets import Stats, filesystem, normalize_url
 from tasks.ingest.base import Document
 from tasks.ingest.code.config import CodeReaderConfig
-from tasks.ingest.readers import GLOB_CHARS, InputError, doc_id, input_size, open_input
+from tasks.ingest.readers import GLOB_CHARS, InputError, doc_id, input_size, read_json_lines
 
 log = logging.getLogger(__name__)
 
@@ -417,48 +416,9 @@ def read_jsonl(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Docume
     """Source-file records, one JSON object per line; blank lines are not records."""
     checks = _SourceChecks(cfg, stats)
     max_line = JSON_ESCAPE_FACTOR * cfg.max_file_bytes + RECORD_FIELDS_BYTES
-    line_no = 0
-    with open_input(url) as f:
-        try:
-            for line_no, line in enumerate(_bounded_lines(f, max_line)):
-                if line is not None and not line.strip():
-                    continue
-                stats.add("read.records")
-                if line is None:
-                    stats.add("dropped.code_too_large")
-                    continue
-                try:
-                    record = json.loads(line)
-                except UnicodeDecodeError:
-                    stats.add("dropped.code_undecodable")
-                    continue
-                except json.JSONDecodeError:
-                    stats.add("failed.code_bad_record")
-                    continue
-                if (doc := _record_document(record, checks, cfg, f"{url}:{line_no}")) is not None:
-                    yield doc
-        except EOFError:
-            stats.add("failed.code_truncated_file")
-            log.warning("%s: file is truncated after line %d", url, line_no)
-        except (gzip.BadGzipFile, zlib.error) as e:
-            stats.add("failed.code_corrupt_file")
-            log.warning("%s: corrupt compressed data after line %d: %s", url, line_no, e)
-        except Exception as e:  # zstandard.ZstdError, without importing zstandard for every format
-            if type(e).__name__ != "ZstdError":
-                raise
-            stats.add("failed.code_corrupt_file")
-            log.warning("%s: corrupt zstd data after line %d: %s", url, line_no, e)
-
-
-def _bounded_lines(f: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
-    """Lines of ``f``; a line longer than ``max_bytes`` is skipped without being held and yields None."""
-    while line := f.readline(max_bytes + 1):
-        if len(line) > max_bytes and not line.endswith(b"\n"):
-            while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
-                pass
-            yield None
-        else:
-            yield line
+    for line_no, record in read_json_lines(url, max_line, stats, prefix="code", truncated="code_truncated_file"):
+        if (doc := _record_document(record, checks, cfg, f"{url}:{line_no}")) is not None:
+            yield doc
 
 
 def read_parquet(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document]:
