@@ -111,6 +111,11 @@ def _check_inputs(section: str, inputs: list[str]) -> None:
         from tasks.ingest.code.readers import expand_code_inputs
 
         expand_code_inputs(inputs)
+    elif section == "dedup":  # a documents dataset, or raw JSONL/Parquet files (globs allowed)
+        for url in inputs:
+            fs, path = datasets.filesystem(url)
+            if datasets.read_manifest(url) is None and not fs.glob(path):
+                raise datasets.DatasetError(f"no documents dataset or files at {url}")
     else:
         for url in inputs:
             datasets.open_dataset(url, kind="documents")
@@ -161,7 +166,7 @@ def ingest_code(
 
 @app.command()
 def dedup(
-    input: Annotated[list[str], typer.Option("--input", "-i", help="Documents dataset URL(s).")],
+    input: Annotated[list[str], typer.Option("--input", "-i", help="Documents dataset URL(s), or JSONL/Parquet files with id and text.")],
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="Output dataset URL.")] = None,
     threshold: Annotated[Optional[float], typer.Option(help="Jaccard similarity above which documents are duplicates.")] = None,
     root: RootOpt = "smelt-data",

@@ -9,6 +9,7 @@ from flows.common import planned_output, run_on_dask
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.dedup.config import DedupConfig
+from tasks.dedup.inputs import load_dedup_inputs
 from tasks.dedup.stage import STAGE, run_dedup
 
 
@@ -19,9 +20,9 @@ def dedup_output(input_fps: list[str], root: str, cfg: DedupConfig) -> tuple[str
 @task(name="dedup", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
 def dedup_task(inputs: list[str], root: str, config: dict, dask_address: str | None = None,
                output: str | None = None) -> dict:
-    """Run (or reuse) dedup over documents datasets; returns a StageOutcome dict."""
+    """Run (or reuse) dedup over documents datasets or raw JSONL/Parquet files with id and text."""
     cfg = from_dict(DedupConfig, config)
-    manifests = [datasets.open_dataset(u, kind="documents") for u in inputs]
+    manifests = load_dedup_inputs(inputs, staging_url=datasets.join(datasets.normalize_url(root), "dedup-inputs"))
     url, fp = dedup_output([m.fingerprint for m in manifests], root, cfg)
     url = datasets.normalize_url(output) if output else url
     return run_on_dask(STAGE, url, fp, dask_address,
