@@ -303,6 +303,20 @@ def read_manifest(url: str) -> Manifest | None:
     return manifest
 
 
+def finished_dataset(url: str, fp: str) -> Manifest | None:
+    """The complete dataset at ``url`` if it is the one fingerprint ``fp`` names; None if there is none.
+
+    A complete dataset with another fingerprint is an error: writing over it would mix two datasets.
+    """
+    manifest = read_manifest(url)
+    if manifest is not None and manifest.fingerprint != fp:
+        raise DatasetError(
+            f"{normalize_url(url)} already holds a dataset with fingerprint {manifest.fingerprint}, not {fp}: "
+            "choose another output URL or delete it"
+        )
+    return manifest
+
+
 def open_dataset(url: str, kind: str | None = None) -> Manifest:
     """The manifest of a complete dataset, or a clear error naming what is wrong."""
     url = normalize_url(url)

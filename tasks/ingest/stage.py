@@ -31,13 +31,7 @@ def run_ingest(
     ``output.write_exclusions`` the dropped documents form a second dataset at ``<output>/excluded``.
     """
     output_url = datasets.normalize_url(output_url)
-    existing = datasets.read_manifest(output_url)
-    if existing is not None:
-        if existing.fingerprint != fingerprint:
-            raise datasets.DatasetError(
-                f"{output_url} already holds a dataset with fingerprint {existing.fingerprint}, not {fingerprint}: "
-                "choose another output URL or delete it"
-            )
+    if (existing := datasets.finished_dataset(output_url, fingerprint)) is not None:
         return existing
     urls = expand_inputs(inputs)
     if not urls:
@@ -48,17 +42,7 @@ def run_ingest(
 
     _remove_partial_files(output_url)
     stats = sum((r.stats for r in results), Stats())
-    kept = [s for r in results for s in r.shards if not s.extra.get("excluded")]
-    if cfg.output.write_exclusions:
-        excluded = [
-            datasets.ShardInfo(s.name.removeprefix(f"{EXCLUDED}/"), s.rows, s.bytes, s.sha256)
-            for r in results for s in r.shards if s.extra.get("excluded")
-        ]
-        datasets.commit(datasets.join(output_url, EXCLUDED), "documents", fingerprint, excluded,
-                        {"docs_out": sum(s.rows for s in excluded)}, inputs=urls, config=cfg,
-                        meta={"excluded_from": output_url})
-    manifest = datasets.commit(output_url, "documents", fingerprint, kept, stats, inputs=urls, config=cfg,
-                               meta={"steps": names})
+    manifest = commit_documents(output_url, fingerprint, results, stats, urls, cfg, {"steps": names})
     log.info("ingest: %d files, %d records → %d documents", len(urls), stats.get("read.records", 0),
              stats.get("docs_out", 0))
     return manifest
@@ -71,6 +55,22 @@ def _remove_partial_files(output_url: str) -> None:
         for leftover in fs.glob(pattern):
             log.info("removing %s, left by an interrupted work item", leftover)
             fs.rm(leftover)
+
+
+def commit_documents(output_url: str, fingerprint: str, results: list[ShardResult], stats: Stats,
+                     urls: list[str], cfg, meta: dict) -> Manifest:
+    """Commit the kept documents, and first (with ``output.write_exclusions``) the dropped ones as a
+    dataset of their own at ``<output>/excluded``."""
+    kept = [s for r in results for s in r.shards if not s.extra.get("excluded")]
+    if cfg.output.write_exclusions:
+        excluded = [
+            datasets.ShardInfo(s.name.removeprefix(f"{EXCLUDED}/"), s.rows, s.bytes, s.sha256)
+            for r in results for s in r.shards if s.extra.get("excluded")
+        ]
+        datasets.commit(datasets.join(output_url, EXCLUDED), "documents", fingerprint, excluded,
+                        {"docs_out": sum(s.rows for s in excluded)}, inputs=urls, config=cfg,
+                        meta={**meta, "excluded_from": output_url})
+    return datasets.commit(output_url, "documents", fingerprint, kept, stats, inputs=urls, config=cfg, meta=meta)
 
 
 def funnel(manifest: Manifest | Mapping) -> list[tuple[str, int]]:

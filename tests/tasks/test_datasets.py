@@ -137,3 +137,12 @@ def test_raw_input_fingerprint_changes_when_the_file_changes(tmp_path):
     before = datasets.raw_input_fingerprints([str(f)])
     f.write_bytes(b"three")
     assert datasets.raw_input_fingerprints([str(f)]) != before
+
+
+def test_finished_dataset_is_returned_only_for_its_own_fingerprint(root):
+    url = datasets.join(root, "ds")
+    assert datasets.finished_dataset(url, "fp1") is None
+    datasets.commit(url, "documents", "fp1", [], {})
+    assert datasets.finished_dataset(url, "fp1").fingerprint == "fp1"
+    with pytest.raises(datasets.DatasetError, match="already holds a dataset with fingerprint fp1, not fp2"):
+        datasets.finished_dataset(url, "fp2")

@@ -40,6 +40,7 @@ from tasks.ingest.code.rules import (
 )
 from tasks.ingest.pipeline import EXCLUDED, READ_STEP, ParquetSink, merge_step_stats, run_steps, shard_name, work_key
 from tasks.ingest.readers import InputError
+from tasks.ingest.stage import commit_documents
 from tasks.parallel import MapFn, serial_map
 
 STAGE = "ingest_code"
@@ -140,13 +141,7 @@ def run_code_ingest(
     documents dataset at ``output_url``; returns the committed manifest (``meta.steps``: the steps
     in order, for ``tasks.ingest.stage.funnel``)."""
     output_url = datasets.normalize_url(output_url)
-    existing = datasets.read_manifest(output_url)
-    if existing is not None:
-        if existing.fingerprint != fingerprint:
-            raise datasets.DatasetError(
-                f"{output_url} already holds a dataset with fingerprint {existing.fingerprint}, not {fingerprint}: "
-                "choose another output URL or delete it"
-            )
+    if (existing := datasets.finished_dataset(output_url, fingerprint)) is not None:
         return existing
     plan_stats = Stats()
     items = plan_code_inputs(inputs, cfg.reader, plan_stats)
@@ -159,17 +154,7 @@ def run_code_ingest(
     stats = sum((r.stats for r in results), plan_stats)
     stats.add("work_items", len(items))
     urls = list(dict.fromkeys(item.url for item in items))
-    kept = [s for r in results for s in r.shards if not s.extra.get("excluded")]
-    if cfg.output.write_exclusions:
-        excluded = [
-            datasets.ShardInfo(s.name.removeprefix(f"{EXCLUDED}/"), s.rows, s.bytes, s.sha256)
-            for r in results for s in r.shards if s.extra.get("excluded")
-        ]
-        datasets.commit(datasets.join(output_url, EXCLUDED), "documents", fingerprint, excluded,
-                        {"docs_out": sum(s.rows for s in excluded)}, inputs=urls, config=cfg,
-                        meta={"excluded_from": output_url, "source": "code"})
-    manifest = datasets.commit(output_url, "documents", fingerprint, kept, stats, inputs=urls, config=cfg,
-                               meta={"steps": names, "source": "code"})
+    manifest = commit_documents(output_url, fingerprint, results, stats, urls, cfg, {"steps": names, "source": "code"})
     log.info("ingest_code: %d work items, %d files → %d documents", len(items), stats.get("read.records", 0),
              stats.get("docs_out", 0))
     return manifest
