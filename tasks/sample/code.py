@@ -30,6 +30,7 @@ import re
 from collections import Counter
 
 from tasks import datasets
+from tasks.sample.files import read_ground_truth, refuse_stale_files
 from tasks.sample.sources import SKIPPED_SOURCE_FILES, stdlib_dir
 from tasks.sample.warc import gzip_member
 
@@ -266,7 +267,7 @@ def write_sample_code(output_url: str, files: int = 400, seed: int = 0) -> dict:
     out = datasets.normalize_url(output_url)
     shard_count = math.ceil(files / RECORDS_PER_FILE)
     names = [FILE_PATTERN.format(i) for i in range(shard_count)]
-    _refuse_foreign_code_files(out, names)
+    refuse_stale_files(out, "code-*.jsonl.gz", names)
     records = plan_records(files, seed)
     rows, total_bytes = [], 0
     for i, name in enumerate(names):
@@ -291,25 +292,6 @@ def write_sample_code(output_url: str, files: int = 400, seed: int = 0) -> dict:
     return summary
 
 
-def _refuse_foreign_code_files(out: str, names: list[str]) -> None:
-    """Stale shards from a larger earlier sample would be read as part of this one."""
-    fs, path = datasets.filesystem(out)
-    if not fs.exists(path):
-        return
-    stale = sorted(p.rsplit("/", 1)[-1] for p in fs.glob(f"{path}/code-*.jsonl.gz"))
-    stale = [name for name in stale if name not in names]
-    if stale:
-        raise ValueError(f"{out} already holds {stale[0]}, which this sample would not overwrite; "
-                         "write the sample code to an empty directory")
-
-
 def load_code_ground_truth(url: str) -> list[dict]:
     """The ground-truth rows of a sample code dataset; ``url`` is its folder or the file itself."""
-    url = datasets.normalize_url(url)
-    if not url.endswith(".jsonl"):
-        url = datasets.join(url, CODE_GROUND_TRUTH)
-    fs, path = datasets.filesystem(url)
-    if not fs.exists(path):
-        raise datasets.DatasetError(f"no sample code ground truth at {url}; create it with `smelt sample`")
-    with fs.open(path, "r", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_ground_truth(url, CODE_GROUND_TRUTH, kind="code")

@@ -24,6 +24,7 @@ import random
 from collections import Counter
 
 from tasks import datasets
+from tasks.sample.files import read_ground_truth, refuse_stale_files
 from tasks.sample import content, templates, warc
 from tasks.sample.plan import CATEGORIES, Page, plan_crawl, rng_for
 
@@ -118,7 +119,7 @@ def write_sample_crawl(output_url: str, pages: int = 1200, files: int = 4, seed:
         raise ValueError(f"files must be between 1 and pages ({pages}); got files={files}")
     out = datasets.normalize_url(output_url)
     names = [FILE_PATTERN.format(i) for i in range(files)]
-    _refuse_foreign_crawl_files(out, names)
+    refuse_stale_files(out, "crawl-*.warc.gz", names)
 
     plan = plan_crawl(pages, seed)
     by_lang: dict[str | None, list[Page]] = {}
@@ -152,25 +153,6 @@ def write_sample_crawl(output_url: str, pages: int = 1200, files: int = 4, seed:
     return summary
 
 
-def _refuse_foreign_crawl_files(out: str, names: list[str]) -> None:
-    """Stale crawl files from a larger earlier sample would be read as part of this one."""
-    fs, path = datasets.filesystem(out)
-    if not fs.exists(path):
-        return
-    stale = sorted(p.rsplit("/", 1)[-1] for p in fs.glob(f"{path}/crawl-*.warc.gz"))
-    stale = [name for name in stale if name not in names]
-    if stale:
-        raise ValueError(f"{out} already holds {stale[0]}, which this sample would not overwrite; "
-                         "write the sample to an empty directory")
-
-
 def load_ground_truth(url: str) -> list[dict]:
-    """The ground-truth rows of a sample crawl; ``url`` is the crawl directory or the file itself."""
-    url = datasets.normalize_url(url)
-    if not url.endswith(".jsonl"):
-        url = datasets.join(url, GROUND_TRUTH)
-    fs, path = datasets.filesystem(url)
-    if not fs.exists(path):
-        raise datasets.DatasetError(f"no sample ground truth at {url}; create it with `smelt sample --output DIR`")
-    with fs.open(path, "r", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The ground-truth rows of a sample crawl; ``url`` is its folder or the file itself."""
+    return read_ground_truth(url, GROUND_TRUTH)

@@ -1,0 +1,32 @@
+"""File rules both sample writers share: never mix with an older sample, read ground truth back."""
+
+from __future__ import annotations
+
+import json
+
+from tasks import datasets
+
+
+def refuse_stale_files(out: str, pattern: str, names: list[str]) -> None:
+    """Files matching ``pattern`` that this sample will not write (left by a larger earlier sample)
+    would be read as part of it: refuse rather than mix two samples."""
+    fs, path = datasets.filesystem(out)
+    if not fs.exists(path):
+        return
+    stale = sorted(p.rsplit("/", 1)[-1] for p in fs.glob(f"{path}/{pattern}"))
+    stale = [name for name in stale if name not in names]
+    if stale:
+        raise ValueError(f"{out} already holds {stale[0]}, which this sample would not overwrite; "
+                         "write the sample to an empty directory")
+
+
+def read_ground_truth(url: str, filename: str, kind: str = "") -> list[dict]:
+    """Ground-truth rows; ``url`` is the sample folder or the ``.jsonl`` file; ``kind`` names it in errors."""
+    url = datasets.normalize_url(url)
+    if not url.endswith(".jsonl"):
+        url = datasets.join(url, filename)
+    fs, path = datasets.filesystem(url)
+    if not fs.exists(path):
+        raise datasets.DatasetError(f"no sample {kind + ' ' if kind else ''}ground truth at {url}; create it with `smelt sample --output DIR`")
+    with fs.open(path, "r", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
