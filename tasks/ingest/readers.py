@@ -477,6 +477,23 @@ def _bounded_lines(f: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
 
 def read_parquet(url: str, cfg: ReaderConfig, stats: Stats) -> Iterator[Document]:
     """Documents from a Parquet file with a string ``text`` column, read one row group at a time."""
+    for row, record in read_parquet_rows(url, "text", ("id", "url", "text", "source", "meta"), stats,
+                                         prefix="read", batch_size=1024):
+        text = record.get("text")
+        if isinstance(text, str) and len(text.encode()) > cfg.max_payload_bytes:
+            stats.add("dropped.read_too_large")
+        elif (doc := _row_document(url, row, record, stats)) is not None:
+            stats.add("read.docs")
+            yield doc
+
+
+def read_parquet_rows(url: str, required: str, columns: Sequence[str], stats: Stats, *, prefix: str,
+                      batch_size: int) -> Iterator[tuple[int, dict]]:
+    """(row number, record) of a Parquet file, streamed by batches of the wanted ``columns``.
+
+    Counts ``read.records``. An unreadable file, a file without the ``required`` column, or corrupt
+    data part-way (which ends the file, keeping the rows before it) count as ``failed.<prefix>_corrupt_file``.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -484,29 +501,24 @@ def read_parquet(url: str, cfg: ReaderConfig, stats: Stats) -> Iterator[Document
         try:
             parquet = pq.ParquetFile(f)
         except (pa.ArrowException, OSError) as e:
-            stats.add("failed.read_corrupt_file")
+            stats.add(f"failed.{prefix}_corrupt_file")
             log.warning("%s: not a readable Parquet file: %s", url, e)
             return
         names = set(parquet.schema_arrow.names)
-        if "text" not in names:
-            stats.add("failed.read_corrupt_file")
-            log.warning("%s: Parquet file has no 'text' column (columns: %s); skipped", url, sorted(names))
+        if required not in names:
+            stats.add(f"failed.{prefix}_corrupt_file")
+            log.warning("%s: Parquet file has no %r column (columns: %s); skipped", url, required, sorted(names))
             return
-        columns = [c for c in ("id", "url", "text", "source", "meta") if c in names]
         row = 0
         try:
-            for batch in parquet.iter_batches(batch_size=1024, columns=columns):
+            for batch in parquet.iter_batches(batch_size=batch_size,
+                                              columns=[c for c in dict.fromkeys(columns) if c in names]):
                 for record in batch.to_pylist():
                     stats.add("read.records")
-                    text = record.get("text")
-                    if isinstance(text, str) and len(text.encode()) > cfg.max_payload_bytes:
-                        stats.add("dropped.read_too_large")
-                    elif (doc := _row_document(url, row, record, stats)) is not None:
-                        stats.add("read.docs")
-                        yield doc
+                    yield row, record
                     row += 1
         except (pa.ArrowException, OSError) as e:
-            stats.add("failed.read_corrupt_file")
+            stats.add(f"failed.{prefix}_corrupt_file")
             log.warning("%s: corrupt Parquet data after row %d: %s", url, row, e)
 
 

@@ -40,7 +40,7 @@ import fsspec
 from tasks.datasets import Stats, filesystem, normalize_url
 from tasks.ingest.base import Document
 from tasks.ingest.code.config import CodeReaderConfig
-from tasks.ingest.readers import GLOB_CHARS, InputError, doc_id, input_size, read_json_lines
+from tasks.ingest.readers import GLOB_CHARS, InputError, doc_id, input_size, read_json_lines, read_parquet_rows
 
 log = logging.getLogger(__name__)
 
@@ -423,33 +423,8 @@ def read_jsonl(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Docume
 
 def read_parquet(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document]:
     """Source-file records from a Parquet file with a string or binary content column."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     checks = _SourceChecks(cfg, stats)
-    with fsspec.open(url, "rb") as f:
-        try:
-            parquet = pq.ParquetFile(f)
-        except (pa.ArrowException, OSError) as e:
-            stats.add("failed.code_corrupt_file")
-            log.warning("%s: not a readable Parquet file: %s", url, e)
-            return
-        names = set(parquet.schema_arrow.names)
-        if cfg.content_field not in names:
-            stats.add("failed.code_corrupt_file")
-            log.warning("%s: Parquet file has no %r column (columns: %s); set reader.content_field",
-                        url, cfg.content_field, sorted(names))
-            return
-        wanted = (cfg.repo_field, cfg.path_field, cfg.content_field, cfg.license_field, "url")
-        columns = [c for c in dict.fromkeys(wanted) if c in names]
-        row = 0
-        try:
-            for batch in parquet.iter_batches(batch_size=256, columns=columns):
-                for record in batch.to_pylist():
-                    stats.add("read.records")
-                    if (doc := _record_document(record, checks, cfg, f"{url}:{row}")) is not None:
-                        yield doc
-                    row += 1
-        except (pa.ArrowException, OSError) as e:
-            stats.add("failed.code_corrupt_file")
-            log.warning("%s: corrupt Parquet data after row %d: %s", url, row, e)
+    wanted = (cfg.repo_field, cfg.path_field, cfg.content_field, cfg.license_field, "url")
+    for row, record in read_parquet_rows(url, cfg.content_field, wanted, stats, prefix="code", batch_size=256):
+        if (doc := _record_document(record, checks, cfg, f"{url}:{row}")) is not None:
+            yield doc
