@@ -9,6 +9,7 @@ deployment trigger) consumes by URL.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import json
 import threading
 from typing import Any
@@ -19,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from flows.common import StageOutcome, artifact_key, planned_output
+from flows.config import LaunchConfig
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.train.checkpoint import list_committed
@@ -158,9 +160,6 @@ def dry_run_report(data: list[str], config: dict, nproc: int) -> dict[str, Any]:
 def train_flow(data: list[str], root: str = "smelt-data", config: dict | None = None,
                launch: dict | None = None, run_dir: str | None = None) -> dict:
     """Launch torchrun on token datasets; Prefect retries the whole launch when the agent gives up."""
-    from flows.config import LaunchConfig
-    import dataclasses
-
     launch = launch or dataclasses.asdict(LaunchConfig())
     return train_task.with_options(retries=int(launch["task_retries"]), retry_delay_seconds=5)(
         data, root, config or {}, launch, run_dir)
