@@ -1,3 +1,4 @@
+import functools
 import json
 import os
 import signal
@@ -203,6 +204,21 @@ def _many_files(tmp_path: Path, files: int, pages: int) -> list[str]:
             for i in range(files)]
 
 
+def _held_until_released(fn, markers: str, item):
+    """The first work item runs at once; every other one waits until the test has killed a worker.
+
+    This fixes the race's outcome instead of timing it: at the kill exactly one shard is finished and
+    the killed worker holds unfinished work, however fast or slow the machine is. A held item leaves
+    ``holding-<pid>`` so the test knows which worker process to kill.
+    """
+    try:
+        os.close(os.open(os.path.join(markers, "first"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        Path(markers, f"holding-{os.getpid()}").touch()
+        _wait_for(lambda: os.path.exists(os.path.join(markers, "release")), 120, "the test to release the shards")
+    return fn(item)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_worker_killed_mid_stage_leaves_output_identical_to_an_undisturbed_run(tmp_path):
@@ -219,22 +235,31 @@ def test_a_worker_killed_mid_stage_leaves_output_identical_to_an_undisturbed_run
         for i in range(2):
             procs.append(_dask("worker", "--scheduler-file", str(scheduler_file), "--nthreads", "1", "--no-nanny",
                                "--host", "127.0.0.1", "--no-dashboard", log=tmp_path / f"worker{i}.log"))
+        workers = {proc.pid: proc for proc in procs[1:]}
         out = tmp_path / "dask"
+        markers = tmp_path / "markers"
+        markers.mkdir()
+        killed: list[subprocess.Popen] = []
         finished_at_kill: list[int] = []
         with Client(scheduler_file=str(scheduler_file), timeout="60s") as client:
             client.wait_for_workers(2, timeout=90)
 
             def killing_map(fn, items, *, label=""):
-                futures = client.map(fn, list(items), retries=2, pure=False)
+                held = functools.partial(_held_until_released, fn, str(markers))
+                futures = client.map(held, list(items), retries=2, pure=False)
                 done_dir = out / "_done"
                 _wait_for(lambda: done_dir.exists() and any(done_dir.iterdir()), 120, "a first finished shard")
-                os.killpg(procs[1].pid, signal.SIGKILL)  # one worker dies mid-stage
+                _wait_for(lambda: any(markers.glob("holding-*")), 60, "a worker holding a shard")
+                victim = workers[int(next(markers.glob("holding-*")).name.split("-")[1])]
+                os.killpg(victim.pid, signal.SIGKILL)  # one worker dies mid-stage
+                killed.append(victim)
                 finished_at_kill.append(len(list(done_dir.iterdir())))
+                (markers / "release").touch()
                 return client.gather(futures)
 
             manifest = ingest(inputs, "file://" + str(out), map_fn=killing_map)
-        assert procs[1].wait(timeout=10) == -signal.SIGKILL
-        assert finished_at_kill[0] < len(inputs)
+        assert killed[0].wait(timeout=10) == -signal.SIGKILL
+        assert finished_at_kill == [1]
     finally:
         for proc in procs:
             if proc.poll() is None:
