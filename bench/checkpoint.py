@@ -18,29 +18,22 @@ save in flight (the overlap is not free on a CPU: staging and writing share its 
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
 import os
-import sys
+import shutil
+import tempfile
+import time
 
-# bench/tokenize.py shadows the standard library's ``tokenize`` (imported by ``inspect``) when this
-# folder is first on the path, as it is for ``python bench/checkpoint.py``: take the folder off.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
+import torch
+import torch.distributed as dist
+from torch import nn
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-
-from tasks import datasets  # noqa: E402
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, step_url  # noqa: E402
-from tasks.train.config import CheckpointConfig, preset  # noqa: E402
-from tasks.train.model import Transformer  # noqa: E402
+from tasks import datasets
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState, step_url
+from tasks.train.config import CheckpointConfig, preset
+from tasks.train.model import Transformer
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, before_update=None) -> float:

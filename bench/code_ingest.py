@@ -16,23 +16,16 @@ Prints one JSON line.
 
 from __future__ import annotations
 
-import os
-import sys
+import argparse
+import json
+import sysconfig
+import tempfile
+import time
 
-# bench/tokenize.py shadows the standard library's ``tokenize`` when this folder is first on the path.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sysconfig  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-from tasks import datasets  # noqa: E402
-from tasks.ingest.code.config import CodeIngestConfig  # noqa: E402
-from tasks.ingest.code.readers import list_tree  # noqa: E402
-from tasks.ingest.code.stage import run_code_ingest  # noqa: E402
+from tasks import datasets
+from tasks.ingest.code.config import CodeIngestConfig
+from tasks.ingest.code.readers import list_tree
+from tasks.ingest.code.stage import run_code_ingest
 
 EXCLUDED_DIRS = ["site-packages", "__pycache__"]
 

@@ -26,12 +26,6 @@ query over the same normalised shingles, in this run, on up to ``--datasketch-do
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as a script, sys.path[0] is bench/, whose tokenize.py would shadow the standard library's.
-sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 import argparse
 import ast
 import json

@@ -22,27 +22,20 @@ Prints one JSON line.
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import os
-import sys
+import shutil
+import tempfile
+import time
+from pathlib import Path
 
-# bench/tokenize.py shadows the standard library's ``tokenize`` (imported by ``inspect``) when this
-# folder is first on the path, as it is for ``python bench/ingest.py``: take the folder off.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from tasks.ingest.base import Document  # noqa: E402
-from tasks.ingest.config import IngestConfig  # noqa: E402
-from tasks.ingest.pipeline import build_steps, run_steps  # noqa: E402
-from tasks.ingest.readers import expand_inputs, open_input  # noqa: E402
-from tasks.ingest.stage import run_ingest  # noqa: E402
+from tasks.ingest.base import Document
+from tasks.ingest.config import IngestConfig
+from tasks.ingest.pipeline import build_steps, run_steps
+from tasks.ingest.readers import expand_inputs, open_input
+from tasks.ingest.stage import run_ingest
 
 WARM_PAGE = "<html><body><article>" + "<p>The quick brown fox jumps over the lazy dog near the river bank.</p>" * 20 + "</article></body></html>"
 

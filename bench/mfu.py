@@ -14,28 +14,23 @@ plus step_time_s, peak_mem_gib, params, seq_len, global_batch.
 
 from __future__ import annotations
 
+import argparse
+import io
+import json
+import logging
 import os
+import statistics
 import sys
+import tempfile
 
-# bench/tokenize.py shadows the standard library's ``tokenize`` when this folder is first on the path.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
+import numpy as np
+import torch
 
-import argparse  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from tasks import datasets  # noqa: E402
-from tasks.config import from_dict  # noqa: E402
-from tasks.train.config import TrainConfig  # noqa: E402
-from tasks.train.metrics import mfu  # noqa: E402
-from tasks.train.trainer import Trainer  # noqa: E402
+from tasks import datasets
+from tasks.config import from_dict
+from tasks.train.config import TrainConfig
+from tasks.train.metrics import mfu
+from tasks.train.trainer import Trainer
 
 
 def write_random_tokens(url: str, tokens: int, vocab: int) -> str:

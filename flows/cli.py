@@ -194,7 +194,7 @@ def tokenize(
     as_json: JsonOpt = False,
 ) -> None:
     """Encode documents into uint16/uint32 token shards with a held-out validation split."""
-    from flows.tokenize import tokenize_flow
+    from flows.tokens import tokenize_flow
 
     _stage_command(tokenize_flow, "tokenize", input, output, root, config, set_, as_json,
                    tokenizer=tokenizer, dask_address=dask_address)
@@ -211,7 +211,7 @@ def tokenizer_train(
     as_json: JsonOpt = False,
 ) -> None:
     """Train a byte-level BPE tokenizer on a sample of documents."""
-    from flows.tokenize import tokenizer_flow
+    from flows.tokens import tokenizer_flow
 
     overrides = list(set_ or []) + ([f"tokenize.vocab_size={vocab_size}"] if vocab_size else [])
     _stage_command(tokenizer_flow, "tokenize", input, output, root, config, overrides, as_json)
@@ -254,7 +254,7 @@ def evaluate(
 ) -> None:
     """Validation loss, perplexity and bits per byte of a checkpoint, plus probe completions."""
     from flows.config import section
-    from flows.evaluate import eval_flow
+    from flows.evaluation import eval_flow
     from flows.summary import render_eval
 
     cfg = _config(config, set_)

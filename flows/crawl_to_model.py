@@ -19,9 +19,9 @@ from prefect.cache_policies import NO_CACHE
 from flows.config import RunConfig, load_run_config, section
 from flows.dask_runtime import dask_cluster
 from flows.dedup import dedup_output, dedup_task
-from flows.evaluate import eval_task
+from flows.evaluation import eval_task
 from flows.ingest import code_ingest_output, code_ingest_task, ingest_output, ingest_task
-from flows.tokenize import tokenize_task, tokenizer_output, tokenizer_task, tokens_output
+from flows.tokens import tokenize_task, tokenizer_output, tokenizer_task, tokens_output
 from flows.train import train_task
 from tasks import datasets
 

@@ -13,8 +13,10 @@ def test_every_deployment_entrypoint_is_a_flow():
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     names = []
     for deployment in spec["deployments"]:
-        path, attr = deployment["entrypoint"].split(":")
-        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        # Module-style (``flows.x:flow``): a file path would put flows/ first on sys.path (DESIGN §8).
+        module_name, attr = deployment["entrypoint"].split(":")
+        assert "/" not in module_name and not module_name.endswith(".py"), deployment["entrypoint"]
+        module = importlib.import_module(module_name)
         assert isinstance(getattr(module, attr), Flow), deployment["entrypoint"]
         names.append(deployment["name"])
     assert {"crawl-to-model", "ingest", "dedup", "tokenize", "train", "eval"} <= set(names)

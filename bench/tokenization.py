@@ -14,29 +14,22 @@ encode time; goal <= 1.25) and loader_tokens_per_s (goal >= 5,000,000).
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
-import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
 
-# This script shares its name with the standard library's ``tokenize`` module, which many libraries
-# import; run as ``python bench/tokenize.py`` its folder would shadow it, so take the folder off the path.
-if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sysconfig  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-
-from tasks import datasets  # noqa: E402
-from tasks.tokenize.config import TokenizeConfig  # noqa: E402
-from tasks.tokenize.stage import run_tokenize  # noqa: E402
-from tasks.tokenize.tokenizer import load_tokenizer, train_tokenizer  # noqa: E402
-from tasks.train.data import TokenLoader  # noqa: E402
+from tasks import datasets
+from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.stage import run_tokenize
+from tasks.tokenize.tokenizer import load_tokenizer, train_tokenizer
+from tasks.train.data import TokenLoader
 
 
 def stdlib_texts(megabytes: float) -> list[str]:

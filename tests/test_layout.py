@@ -1,0 +1,59 @@
+"""The tree's own rules, checked on the files themselves (docs/design.md §1)."""
+
+import ast
+import importlib.metadata
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+OWN_DISTRIBUTION = "smelt"
+
+
+def _dependency_top_levels() -> set[str]:
+    """Top-level import names of every installed distribution except smelt itself."""
+    names: set[str] = set()
+    for dist in importlib.metadata.distributions():
+        if (dist.metadata["Name"] or "").lower() == OWN_DISTRIBUTION:
+            continue
+        names |= set((dist.read_text("top_level.txt") or "").split())
+        for file in dist.files or []:
+            first = file.parts[0]
+            if len(file.parts) == 1 and first.endswith(".py"):
+                names.add(first.removesuffix(".py"))
+            elif len(file.parts) > 1 and first != ".." and not first.endswith((".dist-info", ".data", ".egg-info")):
+                names.add(first)
+    return names
+
+
+def _runs_as_script(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    return any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in tree.body)
+
+
+def _folders_put_on_sys_path() -> set[Path]:
+    """The repo root, every folder holding a script (``python folder/x.py`` puts the folder first on
+    sys.path) and every folder of a deployment entrypoint (Prefect loads file entrypoints as scripts)."""
+    folders = {REPO}
+    for path in REPO.rglob("*.py"):
+        if ".venv" not in path.parts and _runs_as_script(path):
+            folders.add(path.parent)
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    for deployment in spec["deployments"]:
+        module = deployment["entrypoint"].split(":")[0]
+        folders.add((REPO / module.replace(".", "/")).parent if not module.endswith(".py") else (REPO / module).parent)
+    return folders
+
+
+def test_no_module_on_sys_path_shadows_the_standard_library_or_a_dependency():
+    taken = set(sys.stdlib_module_names) | _dependency_top_levels()
+    folders = _folders_put_on_sys_path()
+    assert {REPO / "flows", REPO / "bench"} <= folders
+    clashes = []
+    for folder in sorted(folders):
+        for entry in folder.iterdir():
+            name = entry.stem if entry.suffix == ".py" else entry.name if (entry / "__init__.py").exists() else None
+            if name in taken:
+                clashes.append(str(entry.relative_to(REPO)))
+    assert clashes == [], f"these modules shadow a standard-library or dependency module: {clashes}"
