@@ -1,19 +1,26 @@
-"""HTML → main text with trafilatura in precision mode (as FineWeb), under a time limit and a size cap.
+"""HTML → main text, under a time limit and a size cap, with one of two engines (``extract.engine``).
+
+- ``trafilatura`` in precision mode, as FineWeb: a Python loop over lxml calls.
+- ``resiliparse`` (``html2text.extract_plain_text`` with main-content detection, as DCLM): one C++
+  call over a lexbor DOM, about 14× faster per page here. The README's "How each stage scales
+  out" gives what each costs and how their kept sets and texts differ (``bench/ingest.py``).
 
 Why the time limit is a watchdog thread and not ``signal.alarm``: Dask workers run tasks in
 threads, and signals can only be handled in a process's main thread. A single watchdog thread per
 process instead raises ``ExtractTimeout`` *inside* the extracting thread when its deadline passes
 (``PyThreadState_SetAsyncExc``), which works from any thread. The exception is delivered at the
 next Python bytecode; trafilatura's work is a Python loop over lxml calls, so it stops within one
-lxml call, and the size cap (``max_html_bytes``) bounds how long any single lxml call can take.
+lxml call, and the size cap (``max_html_bytes``) bounds how long any single lxml call can take
+(resiliparse's single C++ call is bounded by the size cap alone).
 ``ExtractTimeout`` derives from ``BaseException`` so trafilatura's own ``except Exception`` blocks
 do not swallow it. (A subprocess per worker would also stop a runaway C call, at the price of
 shipping every page across a pipe and keeping a second process per worker.)
 
-Code pages keep their code: trafilatura keeps ``<pre>`` blocks, but drops code laid out in tables
+Code pages keep their code: both engines keep ``<pre>`` blocks, but drop code laid out in tables
 (line-numbered listings) when tables are excluded, as FineWeb excludes them. When code blocks hold
 at least ``code_page_min_share`` of a page's text, blocks missing from the extraction are appended
-and the document is marked ``meta.format = "code"`` so the prose rules do not judge it.
+and the document is marked ``meta.format = "code"`` so the prose rules do not judge it. The code
+blocks are found on each engine's own parse tree, by the same rules (``_code_block``).
 """
 
 from __future__ import annotations
@@ -107,28 +114,54 @@ def time_limit(seconds: float) -> Iterator[None]:
 
 
 def code_blocks(tree, min_chars: int) -> list[str]:
-    """Texts of the page's code blocks in document order: ``<pre>``, multi-line ``<code>`` outside
-    ``<pre>``, and tables whose cells are classed as code (line-numbered listings).
-
-    Line-number gutters (blocks of digits only) are not code.
-    """
+    """Texts of the page's code blocks in document order (lxml tree): ``<pre>``, multi-line
+    ``<code>`` outside ``<pre>``, and tables whose cells are classed as code (line-numbered listings)."""
     blocks = []
     for element in tree.iter("pre", "code", "table"):
         if element.tag in ("pre", "code"):
             if any(a.tag in ("pre", "code") for a in element.iterancestors()):
                 continue
             text = element.text_content()
-            if element.tag == "code" and "\n" not in text.strip():
-                continue  # inline code inside prose
         else:
             cells = element.xpath(".//td[contains(@class, 'code') and not(.//pre)]")
             if not cells:
                 continue
             text = "\n".join(cell.text_content().rstrip("\n") for cell in cells)
-        text = text.strip("\n")
-        if len(text) >= min_chars and not all(line.strip().isdigit() for line in text.splitlines() if line.strip()):
-            blocks.append(text)
+        if (block := _code_block(element.tag, text, min_chars)) is not None:
+            blocks.append(block)
     return blocks
+
+
+def _resiliparse_code_blocks(tree, min_chars: int) -> list[str]:
+    """``code_blocks`` on a resiliparse (lexbor) tree."""
+    blocks = []
+    for element in tree.document.query_selector_all("pre, code, table"):
+        if element.tag in ("pre", "code"):
+            parent = element.parent
+            while parent is not None and parent.tag not in ("pre", "code"):
+                parent = parent.parent
+            if parent is not None:
+                continue
+            text = element.text
+        else:
+            cells = [c for c in element.query_selector_all("td[class*='code']") if c.query_selector("pre") is None]
+            if not cells:
+                continue
+            text = "\n".join(cell.text.rstrip("\n") for cell in cells)
+        if (block := _code_block(element.tag, text, min_chars)) is not None:
+            blocks.append(block)
+    return blocks
+
+
+def _code_block(tag: str, text: str, min_chars: int) -> str | None:
+    """The block's text if it counts as code: not inline ``<code>`` in prose, at least ``min_chars``,
+    not a line-number gutter (a block of digits only)."""
+    if tag == "code" and "\n" not in text.strip():
+        return None
+    text = text.strip("\n")
+    if len(text) < min_chars or all(line.strip().isdigit() for line in text.splitlines() if line.strip()):
+        return None
+    return text
 
 
 def visible_text_chars(tree) -> int:
@@ -146,7 +179,9 @@ def _longest_line(block: str) -> str:
 
 
 def extract_text(html: str, cfg: ExtractConfig) -> tuple[str, bool]:
-    """(main text, is a code page) of one HTML page; "" when trafilatura finds no main text."""
+    """(main text, is a code page) of one HTML page with ``cfg.engine``; "" when it finds no main text."""
+    if cfg.engine == "resiliparse":
+        return _resiliparse_text(html, cfg)
     import trafilatura
     from trafilatura.utils import load_html
 
@@ -166,10 +201,45 @@ def extract_text(html: str, cfg: ExtractConfig) -> tuple[str, bool]:
         include_images=False,
         include_links=False,
     ) or ""
-    if is_code_page:
-        missing = [b for b in blocks if _longest_line(b) not in text]
-        text = "\n\n".join(part for part in [text, *missing] if part)
-    return text, is_code_page
+    return _with_code(text, blocks, is_code_page), is_code_page
+
+
+def _resiliparse_text(html: str, cfg: ExtractConfig) -> tuple[str, bool]:
+    from resiliparse.extract.html2text import extract_plain_text
+    from resiliparse.parse.html import HTMLTree
+
+    tree = HTMLTree.parse(html)
+    if tree.body is None:
+        return "", False
+    blocks = _resiliparse_code_blocks(tree, cfg.code_block_min_chars) if cfg.keep_code else []
+    is_code_page = False
+    if blocks:  # visible characters, not counting spaces, against the code blocks' (same measure)
+        hidden = sum(_solid_chars(e.text) for e in tree.body.query_selector_all("script, style"))
+        visible = _solid_chars(tree.body.text) - hidden
+        is_code_page = sum(map(_solid_chars, blocks)) >= cfg.code_page_min_share * max(1, visible)
+    text = extract_plain_text(
+        tree,
+        main_content=True,
+        alt_texts=False,
+        links=False,
+        form_fields=False,
+        noscript=False,
+        comments=cfg.include_comments,
+        skip_elements=None if cfg.include_tables else ["table"],
+    )
+    return _with_code(text.strip(), blocks, is_code_page), is_code_page
+
+
+def _solid_chars(text: str | None) -> int:
+    return len("".join((text or "").split()))
+
+
+def _with_code(text: str, blocks: list[str], is_code_page: bool) -> str:
+    """On a code page, the extracted text with the code blocks the engine left out appended."""
+    if not is_code_page:
+        return text
+    missing = [b for b in blocks if _longest_line(b) not in text]
+    return "\n\n".join(part for part in [text, *missing] if part)
 
 
 class Extract(Step):
@@ -203,7 +273,7 @@ class Extract(Step):
                 stats.add("dropped.extract_timeout")
                 log.info("extraction of %s ran past %.1f s; dropped", doc.url, self.cfg.timeout_s)
                 continue
-            except Exception as e:  # lxml/trafilatura faults on odd markup must not end the shard
+            except Exception as e:  # parser faults on odd markup must not end the shard
                 stats.add("failed.extract_error")
                 log.warning("extraction of %s failed: %s", doc.url, e)
                 continue

@@ -7,7 +7,8 @@ import pytest
 from tasks.datasets import Stats
 from tasks.ingest.base import Document
 from tasks.ingest.config import ExtractConfig
-from tasks.ingest.extract import Extract, ExtractTimeout, code_blocks, extract_text, time_limit
+from tasks.ingest.config import EXTRACT_ENGINES
+from tasks.ingest.extract import Extract, ExtractTimeout, _resiliparse_code_blocks, code_blocks, extract_text, time_limit
 from tests.tasks.ingest.crawl_files import article_page, prose
 
 CODE = "\n".join(
@@ -27,20 +28,25 @@ def run(docs, **cfg):
     return out, stats
 
 
+@pytest.fixture(params=EXTRACT_ENGINES)
+def engine(request):
+    return request.param
+
+
 def reasons(stats):
     return {k: v for k, v in stats.items() if k.startswith(("dropped.", "failed."))}
 
 
-def test_extracts_the_article_and_leaves_navigation_and_footer_out():
-    (doc,), stats = run([html_doc(article_page("Flood", prose(0)))])
+def test_extracts_the_article_and_leaves_navigation_and_footer_out(engine):
+    (doc,), stats = run([html_doc(article_page("Flood", prose(0)))], engine=engine)
     assert "The river rose slowly after three days" in doc.text
     assert "About us" not in doc.text and "Imprint" not in doc.text
     assert doc.meta["format"] == "text"
     assert stats["extract.in"] == stats["extract.kept"] == 1 and stats["time.extract_s"] > 0
 
 
-def test_a_page_without_main_text_is_dropped_as_empty():
-    docs, stats = run([html_doc("<html><head><title>t</title><script>var a = 1;</script></head><body> <img src='a.png'> </body></html>")])
+def test_a_page_without_main_text_is_dropped_as_empty(engine):
+    docs, stats = run([html_doc("<html><head><title>t</title><script>var a = 1;</script></head><body> <img src='a.png'> </body></html>")], engine=engine)
     assert docs == [] and reasons(stats) == {"dropped.extract_empty": 1}
 
 
@@ -130,7 +136,7 @@ def _code_page(body: str) -> str:
 
 
 @pytest.mark.parametrize("layout", ["pre", "highlighted_pre", "code_table", "code_without_pre"])
-def test_code_pages_keep_their_code(layout):
+def test_code_pages_keep_their_code(layout, engine):
     lines = CODE.split("\n")
     body = {
         "pre": f"<pre>{CODE}</pre>",
@@ -140,25 +146,32 @@ def test_code_pages_keep_their_code(layout):
         ) + "</table>",
         "code_without_pre": f"<article><h2>Example</h2><p>Sum the values in a loop.</p><code>{CODE}</code></article>",
     }[layout]
-    (doc,), stats = run([html_doc(_code_page(body))])
+    (doc,), stats = run([html_doc(_code_page(body))], engine=engine)
     assert "total += compute_value(item_24, factor=24)" in doc.text
     assert "def accumulate(items):" in doc.text
     assert doc.meta["format"] == "code" and stats["extract.code_pages"] == 1
 
 
-def test_a_prose_page_with_a_small_snippet_stays_prose():
+def test_a_prose_page_with_a_small_snippet_stays_prose(engine):
     page = article_page("Flood", prose(0, 16)).replace("</article>", "<pre>x = 1\ny = 2\nprint(x + y)  # add them up</pre></article>")
-    (doc,), stats = run([html_doc(page)])
+    (doc,), stats = run([html_doc(page)], engine=engine)
     assert doc.meta["format"] == "text" and "extract.code_pages" not in stats
 
 
 def test_line_number_gutters_are_not_code_blocks():
+    from resiliparse.parse.html import HTMLTree
     from trafilatura.utils import load_html
 
     numbers = "\n".join(str(i) for i in range(1, 40))
-    tree = load_html(f"<html><body><table><tr><td><pre>{numbers}</pre></td><td class='code'><pre>{CODE}</pre></td></tr></table></body></html>")
-    assert code_blocks(tree, 40) == [CODE]
+    page = f"<html><body><table><tr><td><pre>{numbers}</pre></td><td class='code'><pre>{CODE}</pre></td></tr></table></body></html>"
+    assert code_blocks(load_html(page), 40) == [CODE]
+    assert _resiliparse_code_blocks(HTMLTree.parse(page), 40) == [CODE]
 
 
-def test_extract_text_returns_empty_for_markup_without_text():
-    assert extract_text("<html><body></body></html>", ExtractConfig()) == ("", False)
+def test_extract_text_returns_empty_for_markup_without_text(engine):
+    assert extract_text("<html><body></body></html>", ExtractConfig(engine=engine)) == ("", False)
+
+
+def test_an_unknown_engine_is_refused_at_load():
+    with pytest.raises(ValueError, match="extract.engine must be one of resiliparse, trafilatura"):
+        ExtractConfig(engine="boilerpipe")
