@@ -42,8 +42,13 @@ class DatasetError(Exception):
 class Stats(dict):
     """Named counters (``str -> int | float``). ``a + b`` adds counters key by key.
 
-    Reason names are API: drops are counted as ``dropped.<reason>``, failures as
-    ``failed.<reason>``, so the funnel and the manifest stay readable by tools.
+    One vocabulary for every stage, so summaries and artifacts need no per-stage cases:
+    ``in`` (records the stage read), ``out`` (records it wrote), ``dropped.<reason>`` (removed on
+    purpose), ``failed.<reason>`` (lost to an error); reason names are API (``gopher_short_doc``).
+    A stage made of steps keeps each step's counters, in the same vocabulary, under
+    ``funnel.<step>.`` (``funnel.lang.in``, ``funnel.lang.dropped.lang_not_kept``) and sums the
+    drops and failures at the top; ``tasks.counters`` merges and displays them. Anything else is
+    a namespaced measurement (``tokens.train``, ``time.shard_s``).
     """
 
     def add(self, key: str, value: int | float = 1) -> None:

@@ -1,0 +1,53 @@
+"""The counter vocabulary of ``tasks.datasets.Stats`` put to work: a stage's steps merged, its funnel read.
+
+Every stage counts ``in``, ``out``, ``dropped.<reason>`` and ``failed.<reason>``; a stage made of
+steps (ingest's filters, dedup's phases) gives each step a ``Stats`` of its own in the same
+vocabulary and files it under ``funnel.<step>.``. Readers of a manifest (the run summary, the
+Prefect artifacts) then need no case per stage: ``in`` and ``out`` are the stage's, and ``funnel``
+lists what every step let through and why it dropped the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tasks.datasets import Stats
+
+FUNNEL = "funnel."
+REASONS = ("dropped.", "failed.")
+
+
+def merge_steps(step_stats: Mapping[str, Mapping[str, int | float]]) -> Stats:
+    """A stage's counters from its steps' (in chain order): each step's under ``funnel.<step>.``,
+    drops and failures also summed at the top, ``in`` from the first step, ``out`` from the last."""
+    total = Stats()
+    for name, stats in step_stats.items():
+        for key, value in stats.items():
+            total.add(f"{FUNNEL}{name}.{key}", value)
+            if key.startswith(REASONS):
+                total.add(key, value)
+    chain = list(step_stats.values())
+    if chain:
+        total.add("in", chain[0].get("in", 0))
+        total.add("out", chain[-1].get("out", 0))
+    return total
+
+
+def funnel_steps(stats: Mapping[str, int | float]) -> list[str]:
+    """The steps of a merged ``stats``, in the order their counters first appear."""
+    return list(dict.fromkeys(k[len(FUNNEL):].split(".", 1)[0] for k in stats if k.startswith(FUNNEL)))
+
+
+def funnel(stats: Mapping[str, int | float], steps: list[str] | None = None) -> list[tuple[str, int]]:
+    """Rows for display: ``in``, then each step's ``out`` followed by its drop and failure reasons
+    (largest first, named ``dropped.<reason>`` / ``failed.<reason>``), then ``out``. ``steps`` gives
+    the order (a manifest's ``meta.steps``); without it, the order the counters appear in."""
+    rows = [("in", int(stats.get("in", 0)))]
+    for step in steps or funnel_steps(stats):
+        prefix = f"{FUNNEL}{step}."
+        rows.append((step, int(stats.get(prefix + "out", 0))))
+        reasons = [(k[len(prefix):], int(v)) for k, v in stats.items()
+                   if k.startswith(prefix) and k[len(prefix):].startswith(REASONS)]
+        rows.extend(sorted(reasons, key=lambda kv: (-kv[1], kv[0])))
+    rows.append(("out", int(stats.get("out", 0))))
+    return rows
