@@ -3,7 +3,7 @@
 Layout: ``<run_dir>/checkpoints/step-NNNNNNNN/`` holds DCP's files (``__<rank>_<n>.distcp`` and
 ``.metadata``) and smelt's ``manifest.json`` (tasks.datasets contract, kind ``checkpoint``),
 written last by rank 0 once every rank's files are on storage. A checkpoint is *committed* iff
-its manifest exists and *good* iff every file it lists has the recorded size and sha256. LATEST
+its manifest exists and *good* iff every file it lists has the recorded size and checksum. LATEST
 is the newest good checkpoint, found by verifying, never read from a pointer file, so a
 half-written or corrupted checkpoint is reported and skipped.
 
@@ -19,6 +19,10 @@ Resharding: DCP loads model and optimizer state into whatever mesh the current r
 ``RNGState`` is per rank; it is restored only when the world size matches the checkpoint's and is
 otherwise reseeded deterministically from (seed, step, rank).
 
+Nothing unpickles: ``.metadata`` is read by an unpickler that admits only DCP's own classes, and
+non-tensor values are stored as JSON by ``SavePlanner`` / ``LoadPlanner`` (see "Nothing unpickles"
+below); ``load_state`` is the one reader of DCP files (resume, rollback, export, eval).
+
 Fault hook: ``SMELT_FAULT_CRASH_IN_SAVE=<step>`` makes every rank exit (``os._exit(1)``) after
 DCP has written that step's files and before the manifest, leaving an uncommitted checkpoint.
 """
@@ -27,9 +31,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import io
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import time
@@ -37,7 +43,7 @@ import warnings
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -45,6 +51,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 # The fsspec storage classes are not re-exported by torch.distributed.checkpoint (torch 2.13).
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import WriteItemType
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -96,10 +107,169 @@ def storage_writer(url: str) -> dcp.StorageWriter:
 
 
 def storage_reader(url: str) -> dcp.StorageReader:
+    """A DCP reader for ``url`` that reads ``.metadata`` with the restricted unpickler below."""
     url = datasets.normalize_url(url)
     if url.startswith("file://"):
-        return dcp.FileSystemReader(datasets.filesystem(url)[1])
-    return FsspecReader(url)
+        return _FileSystemReader(datasets.filesystem(url)[1])
+    return _FsspecReader(url)
+
+
+# --------------------------------------------------------------------------------------------
+# Nothing unpickles. DCP stores three kinds of serialized objects; each is read without running code:
+# - ``.metadata``: a pickle of DCP's own dataclasses. Read by an unpickler that admits only those
+#   classes, torch dtypes, torch.Size, layouts and paths (what torch 2.13 writes).
+# - tensor items in ``__<rank>_<n>.distcp``: DCP itself reads them with torch.load(weights_only=True).
+# - non-tensor items (optimizer param groups, step counters, the loader's position): DCP would
+#   torch.save / torch.load(weights_only=False) them; our planners store them as tagged JSON instead.
+
+
+class UnsafeCheckpointError(datasets.DatasetError):
+    """A checkpoint file holds something smelt will not deserialize (a pickle payload, or a foreign format)."""
+
+
+_METADATA_CLASSES = {
+    *(("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # turns "torch.strided" into the layout object
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_CLASSES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise UnsafeCheckpointError(f"{module}.{name}")
+
+
+def read_dcp_metadata(stream: IO[bytes], where: str) -> Metadata:
+    """DCP's ``.metadata`` without running code: anything but DCP's own classes is refused."""
+    try:
+        metadata = _MetadataUnpickler(stream).load()
+    except UnsafeCheckpointError as e:
+        raise UnsafeCheckpointError(f"{where} refers to {e}, which is not part of DCP's metadata; refusing to "
+                                    "load it (the file was replaced or crafted)") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
+        raise UnsafeCheckpointError(f"{where} is not DCP metadata ({type(e).__name__}: {e})") from None
+    if not isinstance(metadata, Metadata):
+        raise UnsafeCheckpointError(f"{where} holds a {type(metadata).__name__}, not DCP metadata")
+    return metadata
+
+
+class _SafeMetadataReader:
+    """Mixin for DCP's readers: ``.metadata`` through ``read_dcp_metadata``, read once and cached.
+
+    No ``**kwargs``: DCP then never falls back to per-rank ``__<rank>.metadata`` files, which smelt never writes.
+    """
+
+    _cached: Metadata | None = None
+
+    def read_metadata(self) -> Metadata:
+        if self._cached is None:
+            path = self._get_metadata_path()
+            with self.fs.create_stream(path, "rb") as stream:
+                metadata = read_dcp_metadata(stream, str(path))
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            self._cached = metadata
+        return self._cached
+
+
+class _FileSystemReader(_SafeMetadataReader, dcp.FileSystemReader):
+    pass
+
+
+class _FsspecReader(_SafeMetadataReader, FsspecReader):
+    pass
+
+
+_JSON_MAGIC = b"smelt-json-1\n"
+_TUPLE = "__tuple__"
+
+
+def _to_json(value: Any, fqn: str) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_to_json(v, fqn) for v in value]
+        return {_TUPLE: items} if isinstance(value, tuple) else items
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value) and _TUPLE not in value:
+        return {k: _to_json(v, fqn) for k, v in value.items()}
+    raise TypeError(f"checkpoint state {fqn!r} holds a {type(value).__name__}; non-tensor state must be plain "
+                    "numbers, strings, booleans, None, lists, tuples or string-keyed dicts (it is stored as JSON)")
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {_TUPLE}:
+            return tuple(_from_json(v) for v in value[_TUPLE])
+        return {k: _from_json(v) for k, v in value.items()}
+    return value
+
+
+def encode_object(value: Any, fqn: str) -> bytes:
+    return _JSON_MAGIC + json.dumps(_to_json(value, fqn)).encode()
+
+
+def decode_object(data: bytes, fqn: str) -> Any:
+    """A non-tensor checkpoint item; anything not written by ``encode_object`` is refused, never unpickled."""
+    if not data.startswith(_JSON_MAGIC):
+        raise UnsafeCheckpointError(f"checkpoint item {fqn!r} is not smelt's JSON (a pickled object from torch.save, "
+                                    "or a crafted file); refusing to unpickle it")
+    try:
+        return _from_json(json.loads(data[len(_JSON_MAGIC):]))
+    except ValueError as e:
+        raise UnsafeCheckpointError(f"checkpoint item {fqn!r} is not valid JSON ({e})") from None
+
+
+class SavePlanner(DefaultSavePlanner):
+    """DCP's default save plan, with non-tensor values written as JSON instead of torch.save pickles."""
+
+    def transform_object(self, write_item, object: Any):
+        if write_item.type == WriteItemType.BYTE_IO:
+            return io.BytesIO(encode_object(object, write_item.index.fqn))
+        return object
+
+
+class LoadPlanner(DefaultLoadPlanner):
+    """DCP's default load plan, with non-tensor values read by ``decode_object`` (never torch.load)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        fqn = read_item.dest_index.fqn
+        obj = decode_object(value.getvalue(), fqn)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+
+def load_state(state_dict: dict, url: str, *, process_group=None, no_dist: bool = True) -> None:
+    """``dcp.load`` of ``url`` into ``state_dict`` with nothing unpickled; refusals raise UnsafeCheckpointError.
+
+    The one way smelt reads a checkpoint's DCP files (resume, rollback, export, eval).
+    """
+    reader = storage_reader(url)
+    reader.read_metadata()  # refuses a crafted .metadata before DCP's collectives start
+    try:
+        dcp.load(state_dict, storage_reader=reader, planner=LoadPlanner(), process_group=process_group,
+                 no_dist=no_dist)
+    except CheckpointException as e:
+        for exc, _ in e.failures.values():
+            if isinstance(exc, UnsafeCheckpointError):
+                raise UnsafeCheckpointError(str(exc)) from None
+            if isinstance(exc, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a tensor item
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise UnsafeCheckpointError(f"checkpoint {url}: a tensor file holds more than tensors, refusing "
+                                            f"it ({first})") from None
+        raise
 
 
 def _step_dirs(run_dir_url: str) -> dict[int, str]:
@@ -145,8 +315,8 @@ def _checkpoint_problems(url: str, part: int = 0, parts: int = 1, checksums: boo
             problems.append(f"{url}/{shard.name}: missing")
         elif fs.size(path) != shard.bytes:
             problems.append(f"{url}/{shard.name}: {fs.size(path)} bytes, manifest says {shard.bytes}")
-        elif checksums and datasets.file_sha256(fs, path) != shard.sha256:
-            problems.append(f"{url}/{shard.name}: sha256 differs from the manifest")
+        elif checksums and datasets.file_checksum(fs, path, shard.checksum) != shard.checksum:
+            problems.append(f"{url}/{shard.name}: checksum differs from the manifest")
     return problems
 
 
@@ -364,13 +534,16 @@ class CheckpointManager:
         writer = storage_writer(url)
         staging: concurrent.futures.Future | None = None
         if self.cfg.async_mode == "off":
-            metadata = dcp.save(app_state, storage_writer=writer, process_group=self._group,
-                                no_dist=not self._distributed)
+            try:
+                metadata = dcp.save(app_state, storage_writer=writer, planner=SavePlanner(),
+                                    process_group=self._group, no_dist=not self._distributed)
+            except CheckpointException as e:  # a non-JSON value: say which, not DCP's per-rank traceback
+                raise next((exc for exc, _ in e.failures.values() if isinstance(exc, TypeError)), e) from None
             self._commit(step, url, _done_future(metadata), write_started, meta_json)
             commit = _done_future()
         else:
             response = dcp.async_save(
-                app_state, storage_writer=writer, process_group=self._group,
+                app_state, storage_writer=writer, planner=SavePlanner(), process_group=self._group,
                 async_checkpointer_type=(AsyncCheckpointerType.PROCESS if self.cfg.async_mode == "process"
                                          else AsyncCheckpointerType.THREAD),
                 async_stager=self._stager, no_dist=not self._distributed,
@@ -480,7 +653,7 @@ class CheckpointManager:
             raise RuntimeError(f"checkpoint step {step} at {url} did not commit: {error}")
 
     def _hash_own_files(self, url: str, metadata) -> list[datasets.ShardInfo]:
-        """Size and sha256 of the files this rank wrote (``__<rank>_*``, plus ``.metadata`` on rank 0)."""
+        """Size and checksum of the files this rank wrote (``__<rank>_*``, plus ``.metadata`` on rank 0)."""
         rows = Counter(info.relative_path for info in metadata.storage_data.values())
         prefix = f"__{dist.get_rank(self._group) if self._distributed else 0}_"  # DCP names files by group rank
         names = sorted(name for name in rows if name.startswith(prefix))
@@ -490,7 +663,7 @@ class CheckpointManager:
         for name in names:
             fs, path = datasets.filesystem(datasets.join(url, name))
             out.append(datasets.ShardInfo(name=name, rows=rows.get(name, 0), bytes=int(fs.size(path)),
-                                          sha256=datasets.file_sha256(fs, path)))
+                                          checksum=datasets.file_checksum(fs, path)))
         return out
 
     def _remove_strays(self, url: str, keep: set[str]) -> None:
@@ -558,8 +731,7 @@ class CheckpointManager:
         same_world = manifest.meta.get("world_size") == self.world_size
         rng_keys = [k for k, v in app_state.items() if isinstance(v, RNGState)]
         to_load = {k: v for k, v in app_state.items() if same_world or k not in rng_keys}
-        dcp.load(to_load, storage_reader=storage_reader(url), process_group=self._group,
-                 no_dist=not self._distributed)
+        load_state(to_load, url, process_group=self._group, no_dist=not self._distributed)
         if not same_world:
             for key in rng_keys:
                 app_state[key].reseed(step)
