@@ -2,18 +2,23 @@
 
 Byte-level BPE (ByteLevel pre-tokenizer and decoder, the 256 byte symbols as the initial alphabet,
 no normalizer) encodes any text and decodes it back byte for byte. The special tokens BOS, EOS
-and PAD get ids 0, 1, 2 in a tokenizer trained here. A loaded tokenizer never turns text into a
-special token (``encode_special_tokens``): a document that contains the literal string
-``<|eos|>`` is encoded as text, and only the stage inserts EOS ids.
+and PAD get ids 0, 1, 2 in a tokenizer trained here.
+
+Special tokens are control ids, never text: a document that contains the literal string ``<|eos|>``
+is encoded as the bytes of that string, and only the tokenize stage inserts EOS (and BOS) ids.
+``load_tokenizer`` (tokenize, eval) sets ``encode_special_tokens`` for that, and the Hugging Face
+tokenizer files of an export (``hf_tokenizer_files``) say the same to transformers
+(``split_special_tokens``), so training, eval and the exported tokenizer encode every text alike.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Iterator
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from tasks import datasets
 from tasks.tokenize.config import TokenizeConfig
@@ -58,7 +63,7 @@ def sample_texts(inputs: list[datasets.Manifest], cfg: TokenizeConfig, stats: da
     rate = cfg.sample_docs / max(total, 1)
     taken = 0
     for manifest, shard in document_shards(inputs):
-        for parquet, group in iter_row_groups(datasets.shard_url(manifest, shard)):
+        for parquet, group in iter_row_groups(datasets.shard_url(manifest, shard), shard):
             ids = parquet.read_row_group(group, columns=["id"]).column("id").to_pylist()
             keys = [doc_id or f"{shard.name}/{group}/{i}" for i, doc_id in enumerate(ids)]  # no id: its position
             picked = [i for i, key in enumerate(keys) if hash_fraction(cfg.sample_seed, key) < rate]
@@ -143,3 +148,34 @@ def load_tokenizer(url: str) -> Tokenizer:
         raise datasets.DatasetError(f"{json_url} is not a valid tokenizer.json: {e}") from e
     tokenizer.encode_special_tokens = True
     return tokenizer
+
+
+def hf_tokenizer_files(tokenizer_json: str, *, bos_id: int | None, eos_id: int, pad_id: int | None,
+                       add_bos: bool, max_length: int) -> dict[str, bytes]:
+    """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` for transformers.
+
+    The roles (bos/eos/pad) come from the tokens dataset's ids. ``split_special_tokens`` keeps
+    special-token strings in text as text, as ``load_tokenizer`` does; a BOS-prefixed corpus
+    (``add_bos``) gets a post-processor that prepends BOS, so ``tokenizer(text)`` matches training.
+    """
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    roles = {role: tokenizer.id_to_token(i) for role, i in (("bos_token", bos_id), ("eos_token", eos_id),
+                                                             ("pad_token", pad_id)) if i is not None}
+    if add_bos and bos_id is not None:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{roles['bos_token']} $A", pair=f"{roles['bos_token']} $A $B",
+            special_tokens=[(roles["bos_token"], bos_id)])
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **roles,
+        "split_special_tokens": True,
+        "add_bos_token": bool(add_bos),
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+    }
+    return {
+        TOKENIZER_FILE: tokenizer.to_str().encode("utf-8"),
+        "tokenizer_config.json": json.dumps(config, indent=2).encode(),
+        "special_tokens_map.json": json.dumps(roles, indent=2).encode(),
+    }

@@ -1,20 +1,28 @@
-"""Export a committed checkpoint as one consolidated safetensors file plus a config JSON.
+"""Export a committed checkpoint as a Hugging Face Llama folder that transformers and vLLM load.
 
-The export is a dataset (kind ``model``) at the output URL: ``model.safetensors`` (the model's full,
-unsharded weights under their plain FQNs), ``config.json`` (model shape and where the weights came
-from) and ``manifest.json`` written last. Reading it (``load_exported``) needs neither
-torch.distributed nor pickle: safetensors is a flat header plus raw bytes.
+The export is a dataset (kind ``model``) at the output URL, written shard by shard and
+``manifest.json`` last:
 
-Only the model's weights are read from the checkpoint (not the optimizer state), by allocating
-full-size tensors for the keys under the manifest's ``model_prefix`` and letting DCP fill them in
-one process; memory is the model's full size.
+- ``model.safetensors`` (or ``model-0000k-of-0000n.safetensors`` + ``model.safetensors.index.json``
+  above ``max_shard_bytes``, 5 GB by default) under transformers' tensor names and RoPE layout
+  (``tasks/train/hf.py``); tied embeddings are written once;
+- ``config.json`` (``LlamaForCausalLM``) and ``generation_config.json``;
+- ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json`` from the run's tokens
+  dataset (``tasks/tokenize/tokenizer.py`` decides what special tokens mean);
+- ``smelt_meta.json``: smelt's own record (run, step, tokens, checkpoint, data lineage, model shape).
 
-    python -m tasks.train.export --checkpoint <run_dir or step URL> --output <URL> [--dtype bfloat16]
+The weights stream from the DCP checkpoint one output shard at a time (only the model's keys,
+never the optimizer state), so memory is one shard, not the model. Reading it back needs neither
+torch.distributed nor pickle.
+
+    python -m tasks.train.export --checkpoint <run_dir or step URL> --output <URL> [--dtype bf16|fp32]
+        [--max-shard-size 5GB]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -22,19 +30,20 @@ from typing import Any
 
 import safetensors.torch
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from tasks import datasets
-from tasks.train import checkpoint
+from tasks.train import checkpoint, hf
+from tasks.train.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
 KIND = "model"
-WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
-FORMAT = "smelt-safetensors-1"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+META = "smelt_meta.json"
+FORMAT = "smelt-hf-llama-1"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEFAULT_SHARD_BYTES = 5 * 10**9
 
 
 def resolve_checkpoint(url: str) -> str:
@@ -52,11 +61,9 @@ def resolve_checkpoint(url: str) -> str:
     return committed[-1]["url"]
 
 
-def load_consolidated(step_url: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Full (unsharded) model weights of a verified checkpoint under the model's own FQNs, and its manifest meta.
-
-    One process, no process group; the model config the trainer saved is ``meta["model"]``.
-    """
+def _model_entries(step_url: str) -> tuple[dict[str, Any], str, dict[str, TensorStorageMetadata]]:
+    """A verified checkpoint's manifest meta, the prefix of its model keys, and the model tensors'
+    metadata under the model's own FQNs (read from DCP's metadata file: no tensor is loaded)."""
     step_url = datasets.normalize_url(step_url)
     problems = checkpoint.verify_checkpoint(step_url)
     if problems:
@@ -66,96 +73,187 @@ def load_consolidated(step_url: str) -> tuple[dict[str, torch.Tensor], dict[str,
     if not prefix:
         raise datasets.DatasetError(f"checkpoint {step_url} does not record where the model weights are "
                                     "(meta 'model_prefix'); save it under app_state['model'] or pass meta model_prefix")
-    reader = checkpoint.storage_reader(step_url)
-    entries = reader.read_metadata().state_dict_metadata
-    weights = {key: torch.empty(md.size, dtype=md.properties.dtype)
-               for key, md in entries.items() if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
-    if not weights:
+    entries = checkpoint.storage_reader(step_url).read_metadata().state_dict_metadata
+    model = {key[len(prefix):]: md for key, md in entries.items()
+             if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+    if not model:
         raise datasets.DatasetError(f"checkpoint {step_url} holds no tensors under {prefix!r}")
-    dcp.load(weights, storage_reader=checkpoint.storage_reader(step_url), no_dist=True)
-    return {key[len(prefix):]: tensor for key, tensor in weights.items()}, manifest.meta
+    return manifest.meta, prefix, model
 
 
-def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None = None) -> datasets.Manifest:
-    """Write ``model.safetensors`` + ``config.json`` (+ manifest last) for a checkpoint; returns the manifest."""
+def load_consolidated(step_url: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Full (unsharded) model weights of a verified checkpoint under the model's own FQNs, and its manifest meta.
+
+    One process, no process group; the model config the trainer saved is ``meta["model"]``.
+    """
+    meta, prefix, entries = _model_entries(step_url)
+    weights = {prefix + key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in entries.items()}
+    checkpoint.load_state(weights, datasets.normalize_url(step_url))
+    return {key[len(prefix):]: tensor for key, tensor in weights.items()}, meta
+
+
+def _plan_shards(entries: dict[str, TensorStorageMetadata], names: list[str], dtype: torch.dtype | None,
+                 max_bytes: int) -> list[list[str]]:
+    """Consecutive groups of tensors (transformers' order), each at most ``max_bytes`` unless one
+    tensor alone is larger."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name in names:
+        md = entries[name]
+        nbytes = md.size.numel() * (dtype or md.properties.dtype).itemsize
+        if groups[-1] and size + nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    return groups
+
+
+def _shard_file(i: int, n: int) -> str:
+    return hf.SINGLE_FILE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+def _tokens_dataset(meta: dict) -> datasets.Manifest | None:
+    """The run's (first) tokens dataset, whose tokenizer and special ids the export carries."""
+    data = meta.get("data") or {}
+    for url in data.values():
+        return datasets.open_dataset(url, kind="tokens")
+    return None
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, indent=2, sort_keys=True).encode()
+
+
+def _write_file(f, blob: bytes, rows: int = 1) -> int:
+    f.write(blob)
+    return rows
+
+
+def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None = None,
+                      max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> datasets.Manifest:
+    """Write the Hugging Face folder (manifest last) for a checkpoint; returns the manifest."""
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"export dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+    if max_shard_bytes <= 0:
+        raise ValueError("the export's max shard size must be positive")
+    out_dtype = DTYPES[dtype] if dtype else None
     step_url = resolve_checkpoint(checkpoint_url)
-    weights, meta = load_consolidated(step_url)
-    model_config = meta.get("model")
-    if not isinstance(model_config, dict):
+    meta, prefix, entries = _model_entries(step_url)
+    if not isinstance(meta.get("model"), dict):
         raise datasets.DatasetError(f"checkpoint {step_url} has no model config ('model') in its manifest meta; "
                                     "the trainer must save meta={'model': dataclasses.asdict(model_cfg), ...}")
-    if dtype is not None:
-        weights = {k: v.to(DTYPES[dtype]) if v.is_floating_point() else v for k, v in weights.items()}
-    params = sum(t.numel() for t in weights.values())
-    config = {
-        "format": FORMAT,
-        "model": model_config,
-        "step": meta.get("step"),
-        "tokens": meta.get("tokens"),
-        "dtype": dtype or _dtype_name(weights),
-        "params": params,
-        "checkpoint": step_url,
-        "config_fingerprint": meta.get("config_fingerprint"),
-    }
-    header = {"format": "pt", "smelt_step": str(config["step"]), "smelt_checkpoint": step_url}
+    model_cfg = ModelConfig(**meta["model"])
+    for name in entries:
+        try:
+            hf.hf_name(name)
+        except ValueError as e:
+            raise datasets.DatasetError(f"checkpoint {step_url} is not a smelt Llama model: {e}") from None
+    names = sorted((n for n in entries if not (model_cfg.tie_embeddings and n == "output.weight")), key=hf.hf_order)
+    saved = {entries[n].properties.dtype for n in names}
+    final_dtype = out_dtype or (saved.pop() if len(saved) == 1 else torch.float32)
+    groups = _plan_shards(entries, names, final_dtype, max_shard_bytes)
     output_url = datasets.normalize_url(output_url)
-    weights_blob = safetensors.torch.save(weights, header)
-    config_blob = json.dumps(config, indent=2, sort_keys=True).encode()
 
-    def write_weights(f) -> int:
-        f.write(weights_blob)
-        return len(weights)
+    shards, weight_map, total = [], {}, 0
+    for i, group in enumerate(groups):
+        file = _shard_file(i, len(groups))
+        part = {prefix + n: torch.empty(entries[n].size, dtype=entries[n].properties.dtype) for n in group}
+        checkpoint.load_state(part, step_url)
+        tensors = {}
+        for n in group:
+            key, value = hf.to_hf(n, part.pop(prefix + n).to(final_dtype), model_cfg.head_dim)
+            tensors[key] = value
+            weight_map[key] = file
+            total += value.numel() * value.element_size()
+        blob = safetensors.torch.save(tensors, {"format": "pt"})
+        del tensors
+        shards.append(datasets.write_shard(output_url, file, functools.partial(_write_file, blob=blob, rows=len(group))))
+        del blob
+        log.info("export: wrote %s (%d tensors)", file, len(group))
+    if len(groups) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        shards.append(datasets.write_shard(output_url, hf.INDEX, functools.partial(_write_file, blob=_json_bytes(index))))
 
-    def write_config(f) -> int:
-        f.write(config_blob)
-        return 1
+    tokens = _tokens_dataset(meta)
+    ids = {k: (tokens.meta.get(k) if tokens else None) for k in ("bos_id", "eos_id", "pad_id")}
+    files = {
+        hf.CONFIG: _json_bytes(hf.hf_config(model_cfg, dtype=final_dtype, **ids)),
+        hf.GENERATION_CONFIG: _json_bytes(hf.generation_config(**ids)),
+    }
+    if tokens is not None:
+        from tasks.tokenize.tokenizer import TOKENIZER_FILE, hf_tokenizer_files
 
-    shards = [datasets.write_shard(output_url, WEIGHTS, write_weights),
-              datasets.write_shard(output_url, CONFIG, write_config)]
-    inputs = [str(config["config_fingerprint"]), str(config["step"]), step_url]
-    fp = datasets.fingerprint("export", {"dtype": dtype}, inputs, datasets.code_version("tasks.train.export"))
-    manifest = datasets.commit(output_url, KIND, fp, shards, {"params": params, "tensors": len(weights)},
-                               inputs=[step_url], meta={"step": config["step"], "tokens": config["tokens"],
-                                                        "checkpoint": step_url})
-    log.info("exported %s (%d params) to %s", step_url, params, output_url)
+        fs, path = datasets.filesystem(datasets.join(tokens.meta["url"], TOKENIZER_FILE))
+        add_bos = bool((tokens.lineage.get("config") or {}).get("add_bos", False))
+        files.update(hf_tokenizer_files(fs.cat_file(path).decode("utf-8"), add_bos=add_bos,
+                                        max_length=model_cfg.max_seq_len, **ids))
+    else:
+        log.warning("export: checkpoint %s records no tokens dataset; the export has no tokenizer", step_url)
+    params = sum(entries[n].size.numel() for n in names)
+    smelt_meta = {
+        "format": FORMAT, "model": meta["model"], "step": meta.get("step"), "tokens": meta.get("tokens"),
+        "dtype": hf.TORCH_DTYPES[final_dtype], "params": params, "checkpoint": step_url,
+        "run": step_url.rsplit(f"/{checkpoint.CHECKPOINTS_DIR}/", 1)[0],
+        "config_fingerprint": meta.get("config_fingerprint"), "data": meta.get("data"),
+        "tokens_dataset": tokens.meta["url"] if tokens else None,
+        "tokens_fingerprint": tokens.fingerprint if tokens else None,
+    }
+    files[META] = _json_bytes(smelt_meta)
+    for name, blob in files.items():
+        shards.append(datasets.write_shard(output_url, name, functools.partial(_write_file, blob=blob)))
+    inputs = [str(meta.get("config_fingerprint")), str(meta.get("step")), step_url]
+    fp = datasets.fingerprint("export", {"dtype": hf.TORCH_DTYPES[final_dtype], "max_shard_bytes": max_shard_bytes},
+                              inputs, datasets.code_version("tasks.train.export", "tasks.train.hf"))
+    manifest = datasets.commit(output_url, KIND, fp, shards, {"params": params, "tensors": len(names),
+                                                             "weight_files": len(groups)},
+                               inputs=[step_url] + ([tokens] if tokens else []),
+                               meta={"step": meta.get("step"), "tokens": meta.get("tokens"), "checkpoint": step_url,
+                                     "format": FORMAT})
+    log.info("exported %s (%d params, %d weight files) to %s", step_url, params, len(groups), output_url)
     return manifest
 
 
 def load_exported(url: str, *, verify: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """``(weights, config)`` of an export; no torch.distributed and no unpickling involved."""
+    """``(weights under smelt's names and layout, smelt_meta)`` of an export; no torch.distributed,
+    no unpickling."""
     manifest = datasets.open_dataset(url, kind=KIND)
     if verify and (bad := datasets.verify(manifest)):
         raise datasets.DatasetError(f"export at {manifest.meta['url']} is corrupt: {', '.join(bad)} "
                                     "fail their checksums; export it again")
-    fs, path = datasets.filesystem(datasets.shard_url(manifest, WEIGHTS))
-    weights = safetensors.torch.load(fs.cat_file(path))
-    fs, path = datasets.filesystem(datasets.shard_url(manifest, CONFIG))
-    return weights, json.loads(fs.cat_file(path))
+    folder = hf.local_folder(manifest.meta["url"])
+    return hf.HFWeights(folder).state_dict(), json.loads((folder / META).read_text())
 
 
-def _dtype_name(weights: dict[str, torch.Tensor]) -> str:
-    names = {str(t.dtype).removeprefix("torch.") for t in weights.values()}
-    return names.pop() if len(names) == 1 else "mixed"
+def parse_size(text: str) -> int:
+    """``5GB``, ``500MB``, ``2KiB`` or plain bytes → bytes (decimal units, like transformers)."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    t = text.strip().upper()
+    number = t.rstrip("KMGIB")
+    try:
+        return int(float(number) * units[t[len(number):]])
+    except (KeyError, ValueError):
+        raise ValueError(f"{text!r} is not a size; write e.g. 5GB, 500MB or a number of bytes") from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Export a smelt checkpoint to safetensors + config JSON.")
+    parser = argparse.ArgumentParser(description="Export a smelt checkpoint as a Hugging Face Llama folder.")
     parser.add_argument("--checkpoint", required=True,
                         help="step-NNNNNNNN URL, or a run directory (its newest good checkpoint)")
     parser.add_argument("--output", required=True, help="output folder URL")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="cast floating weights (default: as saved)")
+    parser.add_argument("--max-shard-size", default="5GB", help="split the weights into files of at most this size")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        manifest = export_checkpoint(args.checkpoint, args.output, dtype=args.dtype)
+        manifest = export_checkpoint(args.checkpoint, args.output, dtype=args.dtype,
+                                     max_shard_bytes=parse_size(args.max_shard_size))
     except (ValueError, datasets.DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"output": manifest.meta["url"], "step": manifest.meta["step"],
-                      "params": manifest.stats["params"]}))
+                      "params": manifest.stats["params"], "weight_files": manifest.stats["weight_files"]}))
     return 0
 
 

@@ -1,42 +1,49 @@
-"""Export: a checkpoint becomes one safetensors file + config JSON, loadable without pickle or a process group."""
+"""Export: a checkpoint becomes a Hugging Face Llama folder, loadable without pickle or a process group.
+
+Parity with transformers itself is in test_hf.py; these tests need no transformers.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 from pathlib import Path
 
 import pytest
-import safetensors.torch
 import torch
 from torch import nn
 
 from tasks import datasets
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState, step_url
-from tasks.train.config import CheckpointConfig
-from tasks.train.export import export_checkpoint, load_consolidated, load_exported, main
+from tasks.train.config import CheckpointConfig, ModelConfig
+from tasks.train.export import export_checkpoint, load_consolidated, load_exported, main, parse_size
+from tasks.train.model import Transformer
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
-MODEL_CONFIG = {"dim": 16, "n_layers": 1, "vocab_size": 32}
+MODEL = ModelConfig(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_hidden=32, vocab_size=32, max_seq_len=16)
+MODEL_CONFIG = dataclasses.asdict(MODEL)
 
 
 class TinyNet(nn.Module):
+    """Not a Llama: its checkpoint cannot become a Hugging Face Llama folder."""
+
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(32, 16)
-        self.hidden = nn.Linear(16, 16)
         self.out = nn.Linear(16, 32, bias=False)
-        self.register_buffer("scale", torch.tensor([2.0]))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.relu(self.hidden(self.embed(tokens)))) * self.scale
+        return self.out(self.embed(tokens))
 
 
-def saved_model(run_dir, steps=(3,), meta=None) -> TinyNet:
-    """A trained TinyNet checkpointed (with its AdamW state and RNG) at each of ``steps``."""
+def saved_model(run_dir, steps=(3,), meta=None, net=None) -> nn.Module:
+    """A trained tiny Transformer checkpointed (with its AdamW state and RNG) at each of ``steps``."""
     torch.manual_seed(0)
-    model = TinyNet()
+    model = net or Transformer(MODEL)
+    if net is None:
+        model.init_weights(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     mgr = CheckpointManager(str(run_dir), CheckpointConfig(async_mode="off"), rank=0, world_size=1,
                             config_fingerprint="fp")
@@ -50,20 +57,22 @@ def saved_model(run_dir, steps=(3,), meta=None) -> TinyNet:
     return model
 
 
-def test_export_writes_safetensors_equal_to_the_models_full_state_dict(tmp_path):
+def test_export_holds_the_models_weights_and_smelts_metadata(tmp_path):
     model = saved_model(tmp_path / "run")
     manifest = export_checkpoint(step_url(str(tmp_path / "run"), 3), str(tmp_path / "export"))
 
-    weights = safetensors.torch.load_file(tmp_path / "export" / "model.safetensors")
+    weights, meta = load_exported(str(tmp_path / "export"))
     expected = model.state_dict()
     assert sorted(weights) == sorted(expected)
     for name, tensor in expected.items():
         assert torch.equal(weights[name], tensor), name
+    assert meta["model"] == MODEL_CONFIG and meta["step"] == 3 and meta["tokens"] == 30
+    assert meta["params"] == MODEL.num_params() and meta["dtype"] == "float32"
     config = json.loads((tmp_path / "export" / "config.json").read_text())
-    assert config["model"] == MODEL_CONFIG and config["step"] == 3 and config["tokens"] == 30
-    assert config["params"] == sum(p.numel() for p in model.parameters()) + 1  # + the buffer
+    assert config["model_type"] == "llama" and config["hidden_size"] == 16 and config["vocab_size"] == 32
     assert manifest.kind == "model" and datasets.verify(manifest) == []
     assert manifest.meta["checkpoint"] == step_url(str(tmp_path / "run"), 3)
+    assert not (tmp_path / "export" / "tokenizer.json").exists()  # the checkpoint names no tokens dataset
 
 
 def test_loading_an_export_never_unpickles(tmp_path, monkeypatch):
@@ -77,9 +86,9 @@ def test_loading_an_export_never_unpickles(tmp_path, monkeypatch):
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "Unpickler", refuse)
     monkeypatch.setattr(torch, "load", refuse)
-    weights, config = load_exported(str(tmp_path / "export"))
-    assert torch.equal(weights["hidden.weight"], model.hidden.weight.detach())
-    assert config["format"] == "smelt-safetensors-1"
+    weights, meta = load_exported(str(tmp_path / "export"))
+    assert torch.equal(weights["layers.0.attention.wq.weight"], model.layers["0"].attention.wq.weight.detach())
+    assert meta["format"] == "smelt-hf-llama-1"
 
 
 def test_export_of_a_run_folder_takes_its_newest_good_checkpoint(tmp_path):
@@ -87,14 +96,15 @@ def test_export_of_a_run_folder_takes_its_newest_good_checkpoint(tmp_path):
     shard = Path(step_url(str(tmp_path / "run"), 2).removeprefix("file://")) / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:-1])
     export_checkpoint(str(tmp_path / "run"), str(tmp_path / "export"))
-    assert json.loads((tmp_path / "export" / "config.json").read_text())["step"] == 1
+    assert json.loads((tmp_path / "export" / "smelt_meta.json").read_text())["step"] == 1
 
 
 def test_export_casts_floating_weights_on_request(tmp_path):
     saved_model(tmp_path / "run")
-    export_checkpoint(str(tmp_path / "run"), str(tmp_path / "export"), dtype="bfloat16")
-    weights, config = load_exported(str(tmp_path / "export"))
-    assert {t.dtype for t in weights.values()} == {torch.bfloat16} and config["dtype"] == "bfloat16"
+    export_checkpoint(str(tmp_path / "run"), str(tmp_path / "export"), dtype="bf16")
+    weights, meta = load_exported(str(tmp_path / "export"))
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16} and meta["dtype"] == "bfloat16"
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
 
 def test_load_consolidated_returns_only_the_model_and_the_manifest_meta(tmp_path):
@@ -119,6 +129,19 @@ def test_export_without_a_model_config_is_a_clear_error(tmp_path):
     saved_model(tmp_path / "run", meta={"tokens": 1})
     with pytest.raises(datasets.DatasetError, match="no model config"):
         export_checkpoint(str(tmp_path / "run"), str(tmp_path / "export"))
+
+
+def test_a_checkpoint_of_another_model_is_refused_with_the_tensor_it_cannot_place(tmp_path):
+    saved_model(tmp_path / "run", net=TinyNet())
+    with pytest.raises(datasets.DatasetError, match="not a smelt Llama model.*embed.weight"):
+        export_checkpoint(str(tmp_path / "run"), str(tmp_path / "export"))
+
+
+def test_shard_sizes_parse_like_transformers():
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("500MB") == 5 * 10**8 and parse_size("2KiB") == 2048
+    assert parse_size("1234") == 1234
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("five")
 
 
 def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path, capsys):
