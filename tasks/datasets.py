@@ -8,6 +8,13 @@ only what is missing.
 
 Vocabulary: a *stage* writes one dataset from its inputs; a *shard* is one file of a dataset; a
 *fingerprint* names a dataset's content before it is computed (inputs + config + code version).
+
+Integrity: every shard's size and checksum are in the manifest, and every reader verifies them as
+it reads (``open_shard``, ``read_shard``, ``verify_local_file``): a corrupt shard is an error naming
+it, never silently used. Checksums are ``<algorithm>:<hex>``; new shards use xxh3-128, which hashes
+about 10x faster than sha256 here (17 vs 1.75 GB/s, bench/verify.py), so verifying costs a few
+percent of a read; manifests written with ``sha256`` still verify. The hash guards against
+accidents (bit rot, truncation, an overwritten file), not against someone who can write the folder.
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
+import io
 import json
+import logging
 import os
 import platform
 import uuid
@@ -25,10 +34,18 @@ from pathlib import Path
 from typing import IO, Any
 
 import fsspec
+import xxhash
+
+from tasks import objectstore  # noqa: F401  s3 client defaults: no listings cache, bounded retries
 
 MANIFEST = "manifest.json"
 DONE_SUFFIX = ".done.json"
 FINGERPRINT_CHARS = 16
+CHECKSUM = "xxh3_128"  # the algorithm of new checksums (why: see the module docstring)
+_HASHES: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+_CHUNK = 4 << 20
+
+log = logging.getLogger(__name__)
 
 
 class DatasetError(Exception):
@@ -84,8 +101,16 @@ class ShardInfo:
     name: str
     rows: int
     bytes: int
-    sha256: str
+    checksum: str  # "<algorithm>:<hex>"
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ShardInfo":
+        """Also reads manifests from before checksums named their algorithm (``sha256`` field)."""
+        d = dict(d)
+        if "sha256" in d:
+            d["checksum"] = "sha256:" + d.pop("sha256")
+        return cls(**d)
 
 
 @dataclasses.dataclass
@@ -100,7 +125,7 @@ class ShardResult:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "ShardResult":
-        return cls([ShardInfo(**s) for s in d["shards"]], Stats(d["stats"]))
+        return cls([ShardInfo.from_dict(s) for s in d["shards"]], Stats(d["stats"]))
 
 
 @dataclasses.dataclass
@@ -122,7 +147,7 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
         d = json.loads(text)
-        d["shards"] = [ShardInfo(**s) for s in d["shards"]]
+        d["shards"] = [ShardInfo.from_dict(s) for s in d["shards"]]
         return cls(**d)
 
 
@@ -186,12 +211,31 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
 # Writing
 
 
-def file_sha256(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    h = hashlib.sha256()
+def _hasher(checksum_or_algorithm: str):
+    algorithm = checksum_or_algorithm.split(":", 1)[0]
+    if algorithm not in _HASHES:
+        raise DatasetError(f"unknown checksum algorithm {algorithm!r}; smelt knows {sorted(_HASHES)}")
+    return _HASHES[algorithm]()
+
+
+def file_checksum(fs: fsspec.AbstractFileSystem, path: str, algorithm: str = CHECKSUM) -> str:
+    """``<algorithm>:<hex>`` of a file (``algorithm`` may also be a checksum: its algorithm is used)."""
+    h = _hasher(algorithm)
     with fs.open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
+        while chunk := f.read(_CHUNK):
             h.update(chunk)
-    return h.hexdigest()
+    return f"{algorithm.split(':', 1)[0]}:{h.hexdigest()}"
+
+
+def shard_problem(fs: fsspec.AbstractFileSystem, path: str, shard: ShardInfo) -> str | None:
+    """Why the file at ``path`` is not ``shard`` (missing, size, checksum), or None if it is."""
+    if not fs.exists(path):
+        return "is missing"
+    if (size := int(fs.size(path))) != shard.bytes:
+        return f"is {size} bytes, the manifest says {shard.bytes}"
+    if file_checksum(fs, path, shard.checksum) != shard.checksum:
+        return "does not match its manifest checksum"
+    return None
 
 
 @contextlib.contextmanager
@@ -212,12 +256,34 @@ def atomic_write(url: str, mode: str = "wb") -> Iterator[IO]:
 
 
 def write_shard(dataset_url: str, name: str, write: Callable[[IO], int], **extra: Any) -> ShardInfo:
-    """Write one shard atomically. ``write(f)`` writes the bytes and returns the row count."""
-    url = join(dataset_url, name)
-    with atomic_write(url) as f:
-        rows = write(f)
-    fs, path = filesystem(url)
-    return ShardInfo(name=name, rows=int(rows), bytes=int(fs.size(path)), sha256=file_sha256(fs, path), extra=extra)
+    """Write one shard atomically. ``write(f)`` writes the bytes and returns the row count.
+
+    Never clobbers: a shard that a complete dataset's manifest lists may only be rewritten with
+    identical bytes (a stage redoing its own work); other content is refused before the move.
+    """
+    fs, path = filesystem(join(dataset_url, name))
+    parent = path.rsplit("/", 1)[0]
+    fs.makedirs(parent, exist_ok=True)
+    tmp = f"{parent}/.tmp-{uuid.uuid4().hex[:8]}-{path.rsplit('/', 1)[1]}"
+    try:
+        with fs.open(tmp, "wb") as f:
+            rows = write(f)
+        info = ShardInfo(name=name, rows=int(rows), bytes=int(fs.size(tmp)), checksum=file_checksum(fs, tmp), extra=extra)
+        if (existing := read_manifest(dataset_url)) is not None:
+            listed = {s.name: s.checksum for s in existing.shards}
+            if name in listed and listed[name] != file_checksum(fs, tmp, listed[name]):
+                raise DatasetError(_clobber_message(dataset_url, existing, f"writing {name} into it would change it"))
+        fs.mv(tmp, path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            fs.rm(tmp)
+        raise
+    return info
+
+
+def _clobber_message(url: str, existing: "Manifest", what: str) -> str:
+    return (f"{normalize_url(url)} already holds a complete {existing.kind!r} dataset "
+            f"(fingerprint {existing.fingerprint}); {what}: choose another output URL or delete that dataset")
 
 
 def _done_url(dataset_url: str, key: str) -> str:
@@ -232,7 +298,8 @@ def finished_shard(dataset_url: str, key: str) -> ShardResult | None:
     result = ShardResult.from_json(json.loads(fs.cat_file(path)))
     for shard in result.shards:
         sfs, spath = filesystem(join(dataset_url, shard.name))
-        if not sfs.exists(spath) or file_sha256(sfs, spath) != shard.sha256:
+        if (problem := shard_problem(sfs, spath, shard)) is not None:
+            log.warning("redoing %s of %s: shard %s %s", key, dataset_url, shard.name, problem)
             return None
     return result
 
@@ -273,7 +340,12 @@ def commit(
     config: Any = None,
     meta: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Write ``manifest.json`` last, making the dataset complete."""
+    """Write ``manifest.json`` last, making the dataset complete.
+
+    Refused where a complete dataset of another kind or fingerprint lives: outputs never clobber.
+    """
+    if (existing := read_manifest(dataset_url)) is not None and (existing.kind, existing.fingerprint) != (kind, fp):
+        raise DatasetError(_clobber_message(dataset_url, existing, f"a {kind!r} dataset (fingerprint {fp}) may not replace it"))
     if dataclasses.is_dataclass(config):
         config = dataclasses.asdict(config)
     lineage = {
@@ -309,9 +381,11 @@ def read_manifest(url: str) -> Manifest | None:
 
 
 def finished_dataset(url: str, fp: str) -> Manifest | None:
-    """The complete dataset at ``url`` if it is the one fingerprint ``fp`` names; None if there is none.
+    """The complete, verified dataset at ``url`` if it is the one fingerprint ``fp`` names, else None.
 
     A complete dataset with another fingerprint is an error: writing over it would mix two datasets.
+    One whose shards fail verification is not complete: its manifest is removed (the stage that
+    owns it then redoes the bad shards, reusing the good ones through their markers).
     """
     manifest = read_manifest(url)
     if manifest is not None and manifest.fingerprint != fp:
@@ -319,6 +393,11 @@ def finished_dataset(url: str, fp: str) -> Manifest | None:
             f"{normalize_url(url)} already holds a dataset with fingerprint {manifest.fingerprint}, not {fp}: "
             "choose another output URL or delete it"
         )
+    if manifest is not None and (bad := verify(manifest)):
+        log.warning("%s is not reused: shards %s fail verification; recomputing", manifest.meta["url"], ", ".join(bad))
+        fs, path = filesystem(join(url, MANIFEST))
+        fs.rm(path)
+        return None
     return manifest
 
 
@@ -341,13 +420,174 @@ def shard_url(manifest: Manifest, shard: ShardInfo | str) -> str:
 
 
 def verify(manifest: Manifest) -> list[str]:
-    """Names of shards that are missing or whose checksum or size differs from the manifest."""
+    """Names of shards that are missing or whose size or checksum differs from the manifest."""
     bad = []
     for shard in manifest.shards:
         fs, path = filesystem(shard_url(manifest, shard))
-        if not fs.exists(path) or fs.size(path) != shard.bytes or file_sha256(fs, path) != shard.sha256:
+        if (problem := shard_problem(fs, path, shard)) is not None:
+            log.warning("shard %s of %s %s", shard.name, manifest.meta["url"], problem)
             bad.append(shard.name)
     return bad
+
+
+def _shard_error(url: str, shard: ShardInfo, problem: str) -> DatasetError:
+    return DatasetError(f"shard {shard.name} of {url} {problem}: the dataset is corrupt; "
+                        "re-run the stage that wrote it (or delete the dataset)")
+
+
+class VerifiedReader(io.RawIOBase):
+    """A read-only file that hashes a shard as it is read and raises ``DatasetError`` on a mismatch.
+
+    Bytes are hashed once, in order: a forward seek (Parquet reads its footer first) hashes the
+    skipped bytes on the way, so any reader that reaches the end has verified the whole shard
+    before it gets the last bytes. Leaving the ``with`` block without an error hashes whatever
+    was not read, so a partial reader still never passes a corrupt shard silently.
+    """
+
+    def __init__(self, url: str, shard: ShardInfo, dataset_url: str) -> None:
+        super().__init__()
+        self.shard, self._dataset_url = shard, dataset_url
+        fs, path = filesystem(url)
+        try:
+            size = int(fs.size(path))
+        except FileNotFoundError:
+            raise _shard_error(dataset_url, shard, "is missing") from None
+        if size != shard.bytes:
+            raise _shard_error(dataset_url, shard, f"is {size} bytes, the manifest says {shard.bytes}")
+        self._f = fs.open(path, "rb")
+        self._hash = _hasher(shard.checksum)
+        self._pos = self._hashed = 0
+        self.verified = False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.shard.bytes}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def _feed(self, data: bytes) -> None:
+        self._hash.update(data)
+        self._hashed += len(data)
+        if self._hashed >= self.shard.bytes and not self.verified:
+            got = f"{self.shard.checksum.split(':', 1)[0]}:{self._hash.hexdigest()}"
+            if got != self.shard.checksum or self._hashed != self.shard.bytes:
+                raise _shard_error(self._dataset_url, self.shard, "does not match its manifest checksum")
+            self.verified = True
+
+    def _hash_until(self, end: int) -> None:
+        self._f.seek(self._hashed)
+        while self._hashed < end:
+            chunk = self._f.read(min(_CHUNK, end - self._hashed))
+            if not chunk:
+                raise _shard_error(self._dataset_url, self.shard, f"ends at byte {self._hashed}, the manifest says {self.shard.bytes}")
+            self._feed(chunk)
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.shard.bytes - self._pos if size is None or size < 0 else min(size, max(0, self.shard.bytes - self._pos))
+        if size <= 0:
+            return b""
+        if self._pos > self._hashed:
+            self._hash_until(self._pos)
+        self._f.seek(self._pos)
+        data = self._f.read(size)
+        end = self._pos + len(data)
+        if end > self._hashed:
+            self._feed(data[self._hashed - self._pos:])
+        if len(data) < size:
+            raise _shard_error(self._dataset_url, self.shard, f"ends at byte {end}, the manifest says {self.shard.bytes}")
+        self._pos = end
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def finish(self) -> None:
+        """Hash what was not read; raises if the shard does not match its manifest."""
+        if not self.verified:
+            self._hash_until(self.shard.bytes)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._f.close()
+        super().close()
+
+    def __exit__(self, exc_type, *rest) -> None:
+        try:
+            if exc_type is None:
+                self.finish()
+        finally:
+            self.close()
+
+
+def _shard_info(manifest: Manifest, shard: ShardInfo | str) -> ShardInfo:
+    if isinstance(shard, ShardInfo):
+        return shard
+    for s in manifest.shards:
+        if s.name == shard:
+            return s
+    raise DatasetError(f"dataset at {manifest.meta['url']} has no shard {shard!r} in its manifest")
+
+
+def open_shard(manifest: Manifest, shard: ShardInfo | str) -> VerifiedReader:
+    """Open one shard for reading, verified against the manifest as it is read (use as ``with``)."""
+    info = _shard_info(manifest, shard)
+    return VerifiedReader(shard_url(manifest, info), info, manifest.meta["url"])
+
+
+def open_verified(url: str, shard: ShardInfo) -> VerifiedReader:
+    """``open_shard`` for callers that pass a shard's URL and info around instead of its manifest."""
+    return VerifiedReader(url, shard, url.rsplit("/", 1)[0])
+
+
+def read_shard(manifest: Manifest, shard: ShardInfo | str) -> bytes:
+    """The whole verified content of one (small) shard."""
+    with open_shard(manifest, shard) as f:
+        return f.read()
+
+
+def read_parquet(url: str, shard: ShardInfo, columns: list[str] | None = None):
+    """One verified Parquet shard as a table: hashed in one pass, then decoded from memory.
+
+    Parquet reads its footer first and only the columns asked for; reading the compressed bytes
+    whole (their size is bounded by the shard) keeps the check to one sequential pass.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with open_verified(url, shard) as f:
+        blob = f.read()
+    return pq.read_table(pa.BufferReader(blob), columns=columns)
+
+
+def open_parquet(url: str, shard: ShardInfo):
+    """A verified ``pyarrow.parquet.ParquetFile`` for streaming reads (row groups, batches)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with open_verified(url, shard) as f:
+        blob = f.read()
+    return pq.ParquetFile(pa.BufferReader(blob))
+
+
+def verify_local_file(path: str, shard: ShardInfo, dataset_url: str) -> None:
+    """Check a local copy (or memory-mapped file) of ``shard`` in one sequential pass."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    if (problem := shard_problem(LocalFileSystem(), path, shard)) is not None:
+        raise _shard_error(dataset_url, shard, problem)
 
 
 # --------------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ def commit_documents(output_url: str, fingerprint: str, results: list[ShardResul
     kept = [s for r in results for s in r.shards if not s.extra.get("excluded")]
     if cfg.output.write_exclusions:
         excluded = [
-            datasets.ShardInfo(s.name.removeprefix(f"{EXCLUDED}/"), s.rows, s.bytes, s.sha256)
+            datasets.ShardInfo(s.name.removeprefix(f"{EXCLUDED}/"), s.rows, s.bytes, s.checksum)
             for r in results for s in r.shards if s.extra.get("excluded")
         ]
         datasets.commit(datasets.join(output_url, EXCLUDED), "documents", fingerprint, excluded,

@@ -17,8 +17,9 @@ from tokenizers import Tokenizer
 
 from tasks import datasets
 from tasks.parallel import MapFn, serial_map
+from tasks.tokens import token_dtype, write_token_shard
 from tasks.tokenize.config import TokenizeConfig
-from tasks.tokenize.shards import document_shards, iter_document_batches, join_documents, token_dtype, write_token_shard
+from tasks.tokenize.shards import document_shards, iter_document_batches, join_documents
 from tasks.tokenize.tokenizer import (
     TOKENIZER_FILE,
     TOKENIZER_STAGE,
@@ -59,19 +60,19 @@ class _SplitBuffer:
         return np.concatenate(self.tokens), np.concatenate(self.starts)
 
 
-def tokenize_shard(item: tuple[int, str], output_url: str, cfg: TokenizeConfig, tokenizer_sha256: str) -> datasets.ShardResult:
-    """Encode document shard ``item = (n, url)`` into the train/val token shards numbered ``n``.
+def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, cfg: TokenizeConfig, tokenizer_sha256: str) -> datasets.ShardResult:
+    """Encode document shard ``item = (n, url, shard info)`` into the train/val token shards numbered ``n``.
 
     Stats: ``docs.in``, ``docs.<split>``, ``tokens.<split>``, ``bytes.text``, ``dropped.empty_text``.
     """
-    number, url = item
+    number, url, shard = item
     tokenizer = _tokenizer(datasets.join(output_url, TOKENIZER_FILE), tokenizer_sha256)
     ids = special_ids(tokenizer, cfg)
     bos_id = ids["bos_id"] if cfg.add_bos else None
     dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     stats = datasets.Stats()
     buffers = {split: _SplitBuffer() for split in SPLITS}
-    for batch in iter_document_batches(url, ["id", "text"], cfg.batch_docs):
+    for batch in iter_document_batches(url, shard, ["id", "text"], cfg.batch_docs):
         texts: dict[str, list[str]] = {split: [] for split in SPLITS}
         for doc_id, text in zip(batch.column("id").to_pylist(), batch.column("text").to_pylist()):
             stats.add("docs.in")
@@ -98,13 +99,13 @@ def tokenize_shard(item: tuple[int, str], output_url: str, cfg: TokenizeConfig, 
     return datasets.ShardResult(shards, stats)
 
 
-def _run_item(item: tuple[int, str], output_url: str, cfg: TokenizeConfig, tokenizer_sha256: str) -> datasets.ShardResult:
+def _run_item(item: tuple[int, str, datasets.ShardInfo], output_url: str, cfg: TokenizeConfig, tokenizer_sha256: str) -> datasets.ShardResult:
     work = functools.partial(tokenize_shard, item, output_url, cfg, tokenizer_sha256)
     return datasets.run_shard(output_url, f"docs-{item[0]:05d}", work)
 
 
 def _copy_tokenizer(tokenizer_url: str, output_url: str) -> str:
-    """Store the tokenizer inside the tokens dataset (train and eval decode from it alone); its sha256."""
+    """Store the tokenizer inside the tokens dataset (train and eval decode from it alone); its checksum."""
     source = tokenizer_json_url(tokenizer_url)
     load_tokenizer(source)  # a clear error now beats one per worker later
     fs, path = datasets.filesystem(source)
@@ -112,7 +113,7 @@ def _copy_tokenizer(tokenizer_url: str, output_url: str) -> str:
     with datasets.atomic_write(datasets.join(output_url, TOKENIZER_FILE)) as f:
         f.write(blob)
     out_fs, out_path = datasets.filesystem(datasets.join(output_url, TOKENIZER_FILE))
-    return datasets.file_sha256(out_fs, out_path)
+    return datasets.file_checksum(out_fs, out_path)
 
 
 def run_tokenize(
@@ -127,13 +128,13 @@ def run_tokenize(
     """Encode every document shard of ``inputs`` with the tokenizer at ``tokenizer_url``.
 
     Writes a ``tokens`` dataset (format in ``tasks/datasets.py``) with ``tokenizer.json`` inside;
-    manifest meta: dtype, vocab_size, eos_id, bos_id, pad_id, tokenizer_sha256, val_fraction.
+    manifest meta: dtype, vocab_size, eos_id, bos_id, pad_id, tokenizer_checksum, val_fraction.
     """
     tokenizer_sha256 = _copy_tokenizer(tokenizer_url, output_url)
     tokenizer = load_tokenizer(datasets.join(output_url, TOKENIZER_FILE))
     ids = special_ids(tokenizer, cfg)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    items = [(n, datasets.shard_url(m, s)) for n, (m, s) in enumerate(document_shards(inputs))]
+    items = [(n, datasets.shard_url(m, s), s) for n, (m, s) in enumerate(document_shards(inputs))]
     work = functools.partial(_run_item, output_url=output_url, cfg=cfg, tokenizer_sha256=tokenizer_sha256)
     results = map_fn(work, items, label="tokenize")
     stats = sum((r.stats for r in results), datasets.Stats())
@@ -145,7 +146,7 @@ def run_tokenize(
         "dtype": token_dtype(vocab_size).name,
         "vocab_size": vocab_size,
         **ids,
-        "tokenizer_sha256": tokenizer_sha256,
+        "tokenizer_checksum": tokenizer_sha256,
         "val_fraction": cfg.val_fraction,
     }
     return datasets.commit(output_url, "tokens", fingerprint, shards, stats,

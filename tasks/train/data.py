@@ -18,8 +18,9 @@ Vocabulary and the rules every part below keeps:
   ``[0, n)``: no permutation is ever materialised (a few cached blocks of 8,192 draws per
   dataset, 64 KiB each), so memory does not grow with the number of samples.
 
-Shards are read through ``np.memmap``; shards of remote datasets are first copied (checksum
-verified) into a local cache directory. A background thread keeps ``prefetch`` batches ready.
+Shards are read through ``np.memmap`` (``tasks/tokens.py``), each verified against its manifest when
+first mapped; shards of remote datasets are first copied (hashed on the way) into a local cache
+directory, whose copies are verified too. A background thread keeps ``prefetch`` batches ready.
 Nothing here needs torch.distributed: callers pass their data-parallel rank and size.
 """
 
@@ -28,17 +29,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 import queue
 import threading
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from fsspec.implementations.local import LocalFileSystem
 
 from tasks import datasets as contract
+from tasks import tokens as token_shards
 
 log = logging.getLogger(__name__)
 
@@ -141,37 +140,6 @@ def _route(index: np.ndarray, chain: list[_Split]) -> tuple[np.ndarray, np.ndarr
 # One tokens dataset's split: local memory-mapped shards forming one stream.
 
 
-def _local_shard_path(manifest: contract.Manifest, shard: contract.ShardInfo, cache_dir: str | None) -> str:
-    """A local path holding the shard's bytes: the file itself, or a verified copy in the cache.
-
-    Copies land under ``<cache_dir>/<fingerprint>/`` through a unique temporary name and an atomic
-    rename, so ranks sharing a node may race safely. A cached copy of the right size is trusted
-    (hashing terabytes on every restart would cost more than the copy); a new copy is verified.
-    """
-    fs, path = contract.filesystem(contract.shard_url(manifest, shard))
-    if isinstance(fs, LocalFileSystem):
-        return path
-    root = cache_dir or os.environ.get("SMELT_CACHE_DIR") or os.path.expanduser("~/.cache/smelt/tokens")
-    local = os.path.join(root, manifest.fingerprint, shard.name)
-    if os.path.exists(local) and os.path.getsize(local) == shard.bytes:
-        return local
-    os.makedirs(os.path.dirname(local), exist_ok=True)
-    tmp = f"{local}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        fs.get_file(path, tmp)
-        if contract.file_sha256(LocalFileSystem(), tmp) != shard.sha256:
-            raise contract.DatasetError(
-                f"shard {shard.name} of {manifest.meta['url']} does not match its manifest checksum; "
-                "re-run the tokenize stage to rebuild it"
-            )
-        os.replace(tmp, local)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    log.info("cached %s (%d bytes) at %s", shard.name, shard.bytes, local)
-    return local
-
-
 class TokenStream:
     """The token stream of one split of one tokens dataset, read window by window.
 
@@ -194,15 +162,14 @@ class TokenStream:
                 f"sample of seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more data"
             )
         self.starts = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
-        self._paths = [_local_shard_path(manifest, s, cache_dir) for s in shards]
+        self._manifest, self._shards, self._cache_dir = manifest, shards, cache_dir
         self._arrays: list[np.ndarray | None] = [None] * len(shards)
 
     def _array(self, i: int) -> np.ndarray:
-        # Mapped on first use: a run over thousands of shards maps only those it reads. The RSS that
-        # grows as pages are touched is reclaimable page cache, not a leak (cf. nanoGPT's memmap
-        # note). A plain ndarray view of the map slices several times faster than np.memmap itself.
+        # Verified and mapped on first use: a run over thousands of shards pays for those it reads.
         if self._arrays[i] is None:
-            self._arrays[i] = np.memmap(self._paths[i], dtype=self.dtype, mode="r").view(np.ndarray)
+            path = token_shards.local_token_shard(self._manifest, self._shards[i], self._cache_dir)
+            self._arrays[i] = token_shards.map_token_shard(path, self.dtype)
         return self._arrays[i]
 
     def read(self, start: int, length: int, out: np.ndarray, shard: int | None = None) -> None:

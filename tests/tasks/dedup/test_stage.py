@@ -81,4 +81,4 @@ def test_redoing_deleted_work_gives_byte_identical_output(tmp_path):
     again = _run(f"file://{tmp_path}", keep_work=True)
     assert _data_files(root) == before
     assert again.stats["docs_out"] == out.stats["docs_out"]
-    assert [s.sha256 for s in again.shards] == [s.sha256 for s in out.shards]
+    assert [s.checksum for s in again.shards] == [s.checksum for s in out.shards]

@@ -46,7 +46,7 @@ def test_a_worker_killed_mid_stage_changes_no_output_byte(tmp_path):
 
     def checksums(m):
         clusters = datasets.open_dataset(m.meta["clusters_url"], kind="clusters")
-        return [(s.name, s.sha256) for s in m.shards + clusters.shards]
+        return [(s.name, s.checksum) for s in m.shards + clusters.shards]
 
     with distributed.LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None

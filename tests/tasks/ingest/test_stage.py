@@ -89,7 +89,7 @@ def test_a_rerun_after_a_lost_shard_redoes_only_that_shard_byte_identically(tmp_
 
     second = ingest(inputs, "file://" + str(out))
 
-    assert [(s.name, s.sha256) for s in second.shards] == [(s.name, s.sha256) for s in first.shards]
+    assert [(s.name, s.checksum) for s in second.shards] == [(s.name, s.checksum) for s in first.shards]
     assert second.stats["shards_reused"] == 1
     assert second.stats["docs_out"] == first.stats["docs_out"]
     assert not list(out.glob(".tmp-*"))
@@ -99,7 +99,7 @@ def test_two_runs_into_different_folders_write_identical_bytes(tmp_path):
     inputs = crawl(tmp_path)
     a = ingest(inputs, "file://" + str(tmp_path / "a"))
     b = ingest(inputs, "file://" + str(tmp_path / "b"))
-    assert [s.sha256 for s in a.shards] == [s.sha256 for s in b.shards]
+    assert [s.checksum for s in a.shards] == [s.checksum for s in b.shards]
 
 
 def test_exclusions_are_a_dataset_of_their_own_with_the_reason(tmp_path):
@@ -270,5 +270,5 @@ def test_a_worker_killed_mid_stage_leaves_output_identical_to_an_undisturbed_run
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
 
-    assert [(s.name, s.rows, s.sha256) for s in manifest.shards] == [(s.name, s.rows, s.sha256) for s in reference.shards]
+    assert [(s.name, s.rows, s.checksum) for s in manifest.shards] == [(s.name, s.rows, s.checksum) for s in reference.shards]
     assert manifest.stats["docs_out"] == reference.stats["docs_out"] == 96

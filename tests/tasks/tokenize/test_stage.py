@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from tasks import datasets
 from tasks.tokenize.config import TokenizeConfig
-from tasks.tokenize.shards import iter_token_documents, read_token_shard
+from tasks.tokens import iter_token_documents, read_token_shard
 from tasks.tokenize.stage import run_tokenize
 from tasks.tokenize.tokenizer import load_tokenizer
 from tasks.train.data import TokenLoader
@@ -76,7 +76,7 @@ def test_validation_split_depends_on_the_document_not_its_shard(tmp_path, tokens
 def test_a_rerun_reuses_finished_shards_byte_for_byte(tmp_path, docs, tokenizer_dataset, small_cfg, tokens):
     again = run_tokenize([docs], tokenizer_dataset.meta["url"], str(tmp_path / "tokens"), small_cfg, fingerprint="tk")
     assert again.stats["shards_reused"] == 2
-    assert [(s.name, s.sha256) for s in again.shards] == [(s.name, s.sha256) for s in tokens.shards]
+    assert [(s.name, s.checksum) for s in again.shards] == [(s.name, s.checksum) for s in tokens.shards]
 
 
 def test_the_loader_reads_the_stage_output(tokens):
@@ -109,7 +109,7 @@ def test_tokenizing_a_non_documents_dataset_is_refused(tmp_path, tokens, tokeniz
 
 def test_the_tokenizer_inside_the_dataset_matches_the_manifest(tokens):
     fs, path = datasets.filesystem(datasets.join(tokens.meta["url"], "tokenizer.json"))
-    assert datasets.file_sha256(fs, path) == tokens.meta["tokenizer_sha256"]
+    assert datasets.file_checksum(fs, path) == tokens.meta["tokenizer_checksum"]
     assert json.loads(fs.cat_file(path))["decoder"]["type"] == "ByteLevel"
     assert np.dtype(tokens.meta["dtype"]).itemsize == 2
 

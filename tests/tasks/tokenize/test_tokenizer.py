@@ -23,7 +23,7 @@ def test_trained_tokenizer_is_a_dataset_with_special_tokens_first(tokenizer_data
 
 def test_training_is_deterministic(tmp_path, docs, small_cfg, tokenizer_dataset):
     again = train_tokenizer([docs], str(tmp_path / "again"), small_cfg, fingerprint="tok")
-    assert again.shards[0].sha256 == tokenizer_dataset.shards[0].sha256
+    assert again.shards[0].checksum == tokenizer_dataset.shards[0].checksum
 
 
 def test_sample_docs_bounds_a_seeded_sample_spread_over_shards(tmp_path):

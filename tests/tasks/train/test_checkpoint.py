@@ -283,7 +283,7 @@ def flip_byte(path: Path, offset: int) -> None:
 
 @pytest.mark.parametrize("damage, reason", [
     ("truncate", "bytes, manifest says"),
-    ("flip", "sha256 differs"),
+    ("flip", "checksum differs"),
     ("delete", "missing"),
     ("no_manifest", "did not commit"),
     ("bad_manifest", "unreadable manifest.json"),

@@ -283,9 +283,36 @@ def test_a_corrupt_remote_shard_is_refused(counting, tmp_path):
     original = manifest.shards[0]  # 333 tokens: 666 bytes, here overwritten with zeros of the same size
     datasets.write_shard(remote, original.name, lambda f: f.write(b"\x00" * original.bytes) // 2)
     datasets.commit(remote, "tokens", "corrupt", [original], {}, meta=manifest.meta)
-    with pytest.raises(datasets.DatasetError, match="checksum"):
-        loader({"only": remote}, cache_dir=str(tmp_path / "cache"))
+    data = loader({"only": remote}, cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(datasets.DatasetError, match="shard train-00000.bin of memory://loader-test/corrupt does not match"):
+        data.next_batch()
     assert list((tmp_path / "cache" / "corrupt").iterdir()) == []
+
+
+def test_a_corrupt_local_shard_is_refused_when_first_read(tmp_path):
+    url = write_tokens_dataset(str(tmp_path / "d"), [np.arange(101), np.arange(101)], fp="flip")
+    path = tmp_path / "d" / "train-00001.bin"
+    blob = bytearray(path.read_bytes())
+    blob[10] ^= 0x01  # one flipped bit: same size, so only the checksum can tell
+    path.write_bytes(bytes(blob))
+    data = loader(url, seq_len=10, global_batch=20)
+    with pytest.raises(datasets.DatasetError, match="shard train-00001.bin .* does not match its manifest checksum"):
+        data.next_batch()
+
+
+def test_a_corrupt_cached_copy_is_fetched_again(counting, tmp_path):
+    remote = "memory://loader-test/recache"
+    manifest = datasets.open_dataset(counting)
+    for shard in manifest.shards:
+        datasets.write_shard(remote, shard.name, lambda f, b=datasets.read_shard(manifest, shard): f.write(b))
+    datasets.commit(remote, "tokens", "recache", manifest.shards, manifest.stats, meta=manifest.meta)
+    cache = tmp_path / "cache"
+    first, _ = global_batches({"only": remote}, 5, 1, seed=4, cache_dir=str(cache))
+    copy = cache / "recache" / "train-00000.bin"
+    copy.write_bytes(b"\xff" * copy.stat().st_size)  # the cached copy overwritten in place
+    again, _ = global_batches({"only": remote}, 5, 1, seed=4, cache_dir=str(cache))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert copy.read_bytes() == datasets.read_shard(manifest, "train-00000.bin")
 
 
 def test_prefetch_gives_the_same_batches_restarts_on_resume_and_stops_on_close(counting):
@@ -308,7 +335,7 @@ def test_a_read_error_in_the_prefetch_thread_surfaces_in_next_batch(tmp_path):
     url = write_tokens_dataset(str(tmp_path / "gone"), [np.arange(200)], fp="gone")
     data = loader(url, prefetch=2)
     (tmp_path / "gone" / "train-00000.bin").unlink()  # shards are mapped on first read
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(datasets.DatasetError, match="train-00000.bin .* is missing"):
         data.next_batch()
     data.close()
 

@@ -113,7 +113,7 @@ def test_a_rerun_after_a_crash_reuses_finished_shards_byte_for_byte(tmp_path):
     os.remove(tmp_path / "out" / "docs-00001.parquet")  # and before one shard was written
     second = run_code_ingest([str(tree)], out, cfg, fingerprint="fp")
     assert second.stats["shards_reused"] == 2
-    assert [(s.name, s.sha256) for s in second.shards] == [(s.name, s.sha256) for s in first.shards]
+    assert [(s.name, s.checksum) for s in second.shards] == [(s.name, s.checksum) for s in first.shards]
 
 
 def test_no_inputs_is_a_clear_error(tmp_path):

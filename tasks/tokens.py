@@ -1,0 +1,110 @@
+"""Token shards, the one reader and writer that tokenize, train and eval share (format in ``tasks/datasets.py``).
+
+``<split>-NNNNN.bin`` is a flat little-endian ``uint16``/``uint32`` token array and
+``<split>-NNNNN.idx`` the ``.npy`` int64 start offset of each document in it; EOS ends every
+document. Both shards carry ``extra`` = split, tokens, docs, dtype (of the ``.bin``).
+``ShardInfo.rows`` counts tokens, so the ``.idx`` shard has ``rows = 0`` and ``Manifest.rows`` is
+the dataset's token count. Every read is verified against the manifest.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+
+from tasks import datasets
+
+log = logging.getLogger(__name__)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id fits, else ``uint32``, little-endian either way."""
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+def write_token_shard(dataset_url: str, stem: str, split: str, tokens: np.ndarray, starts: np.ndarray) -> list[datasets.ShardInfo]:
+    """Write ``<stem>.bin`` and ``<stem>.idx`` atomically; returns their infos (idx last)."""
+    dtype = np.dtype(tokens.dtype).newbyteorder("<")
+    extra = {"split": split, "tokens": int(len(tokens)), "docs": int(len(starts)), "dtype": dtype.name}
+
+    def write_tokens(f) -> int:
+        f.write(np.ascontiguousarray(tokens, dtype=dtype).tobytes())
+        return len(tokens)
+
+    def write_index(f) -> int:
+        buffer = io.BytesIO()
+        np.save(buffer, np.asarray(starts, dtype="<i8"))
+        f.write(buffer.getvalue())
+        return 0
+
+    return [
+        datasets.write_shard(dataset_url, f"{stem}.bin", write_tokens, **extra),
+        datasets.write_shard(dataset_url, f"{stem}.idx", write_index, **extra),
+    ]
+
+
+def read_token_shard(manifest: datasets.Manifest, bin_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, starts) of one ``.bin`` shard and its index, read whole and verified."""
+    tokens = np.frombuffer(datasets.read_shard(manifest, bin_name), dtype=np.dtype(manifest.meta["dtype"]).newbyteorder("<"))
+    starts = np.load(io.BytesIO(datasets.read_shard(manifest, bin_name[: -len(".bin")] + ".idx")))
+    return tokens, starts
+
+
+def iter_token_documents(manifest: datasets.Manifest, split: str) -> Iterator[np.ndarray]:
+    """Each document's tokens (ending in EOS) of one split, in shard order."""
+    for shard in manifest.shards:
+        if shard.name.endswith(".bin") and shard.extra.get("split") == split:
+            tokens, starts = read_token_shard(manifest, shard.name)
+            yield from np.split(tokens, starts[1:])
+
+
+def _fetch(manifest: datasets.Manifest, shard: datasets.ShardInfo, local: str) -> None:
+    """Copy a remote shard to ``local``, hashing it on the way (one pass), through a unique temporary
+    name and an atomic rename, so ranks sharing a node may race safely."""
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    tmp = f"{local}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with datasets.open_shard(manifest, shard) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 4 << 20)
+        os.replace(tmp, local)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    log.info("cached %s (%d bytes) at %s", shard.name, shard.bytes, local)
+
+
+def local_token_shard(manifest: datasets.Manifest, shard: datasets.ShardInfo, cache_dir: str | None) -> str:
+    """A local path holding the shard's verified bytes, ready to memory-map: the file itself, or a copy
+    in the cache (``<cache_dir>/<fingerprint>/``).
+
+    Local files and cached copies are hashed once here (a sequential pass, about 17 GB/s with
+    xxh3); a cached copy that fails is fetched again, a dataset file that fails is an error.
+    """
+    fs, path = datasets.filesystem(datasets.shard_url(manifest, shard))
+    if isinstance(fs, LocalFileSystem):
+        datasets.verify_local_file(path, shard, manifest.meta["url"])
+        return path
+    root = cache_dir or os.environ.get("SMELT_CACHE_DIR") or os.path.expanduser("~/.cache/smelt/tokens")
+    local = os.path.join(root, manifest.fingerprint, shard.name)
+    if os.path.exists(local):
+        try:
+            datasets.verify_local_file(local, shard, manifest.meta["url"])
+            return local
+        except datasets.DatasetError as e:
+            log.warning("cached copy %s is bad (%s); fetching it again", local, e)
+            os.remove(local)
+    _fetch(manifest, shard, local)
+    return local
+
+
+def map_token_shard(path: str, dtype: np.dtype) -> np.ndarray:
+    """A read-only array over a local token shard (a plain ndarray view slices several times faster
+    than ``np.memmap``; the RSS that grows as pages are touched is reclaimable page cache)."""
+    return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
