@@ -91,7 +91,7 @@ def raw_to_documents(urls: list[str], staging_url: str | None = None) -> Manifes
     raw_fps = datasets.raw_input_fingerprints(urls)
     fp = datasets.fingerprint("dedup-input", {"rows_per_shard": ROWS_PER_SHARD}, raw_fps, "1")
     out_url = datasets.join(staging_url or _default_staging(), fp)
-    existing = datasets.read_manifest(out_url)
+    existing = datasets.finished_dataset(out_url, fp)  # verified; a corrupt copy is converted again
     if existing is not None:
         return existing
     stats, shards, rows = Stats(), [], []

@@ -69,6 +69,7 @@ class DedupPlan:
     bands: int
     rows: int
     num_buckets: int
+    shards: tuple[ShardInfo, ...] = ()  # the manifest entries of shard_urls: every read is verified
 
     @property
     def work_root(self) -> str:
@@ -108,6 +109,7 @@ def make_plan(inputs: Sequence[Manifest], output_url: str, cfg: DedupConfig) -> 
         bands=bands,
         rows=rows,
         num_buckets=num_buckets,
+        shards=tuple(s for _, s in shards),
     )
 
 
@@ -115,12 +117,9 @@ def make_plan(inputs: Sequence[Manifest], output_url: str, cfg: DedupConfig) -> 
 # I/O helpers
 
 
-def read_table(url: str, columns: list[str] | None = None):
-    import pyarrow.parquet as pq
-
-    fs, path = datasets.filesystem(url)
-    with fs.open(path, "rb") as f:
-        return pq.read_table(f, columns=columns)
+def read_table(plan: DedupPlan, shard: int, columns: list[str] | None = None):
+    """Input shard ``shard`` as a table, verified against its manifest (a corrupt shard is an error)."""
+    return datasets.read_parquet(plan.shard_urls[shard], plan.shards[shard], columns)
 
 
 def write_parquet(table, f: IO[bytes]) -> int:
@@ -216,7 +215,7 @@ def sign_shard(plan: DedupPlan, shard: int) -> ShardResult:
     url = plan.work("signatures")
 
     def work() -> ShardResult:
-        texts = read_table(plan.shard_urls[shard], ["text"]).column("text").to_pylist()
+        texts = read_table(plan, shard, ["text"]).column("text").to_pylist()
         hashed = hash_texts(texts, plan.cfg)
         records = shuffle_records(shard, hashed, plan.bands, plan.rows)
         written = [
@@ -288,7 +287,7 @@ def _document_fields(plan: DedupPlan, nodes: np.ndarray) -> tuple[np.ndarray, np
     for shard, part in _shard_ranges(nodes, len(plan.shard_urls)):
         if part.start == part.stop:
             continue
-        table = read_table(plan.shard_urls[shard], ["id", "quality_score"]).take(rows[part])
+        table = read_table(plan, shard, ["id", "quality_score"]).take(rows[part])
         ids[part] = [i if i is not None else "" for i in table.column("id").to_pylist()]
         quality[part] = [np.nan if q is None else q for q in table.column("quality_score").to_pylist()]
     return ids, quality
@@ -373,7 +372,7 @@ def filter_shard(plan: DedupPlan, shard: int) -> ShardResult:
     url = plan.output_url
 
     def work() -> ShardResult:
-        table = read_table(plan.shard_urls[shard])
+        table = read_table(plan, shard)
         missing = [c for c in datasets.DOCUMENT_COLUMNS if c not in table.column_names]
         if missing:
             raise datasets.DatasetError(
