@@ -1,6 +1,7 @@
 """Goodput: where a run's wall time went, across every restart, process group and rollback.
 
-Sources, append-only files in the run folder written by rank 0 of each process group:
+Sources, append-only JSON-lines logs in the run folder (tasks/jsonlog.py: one file on local disk,
+objects under ``<name>.d/`` on object stores), written by rank 0 of each process group:
 
 - ``events.jsonl``: ``{"event": "launch", "time"}`` from the launcher, and per process group
   ``{"event": "start", "group", "time", "resumed_from", "world_size", "restart_count"}`` (``time``:
@@ -23,26 +24,18 @@ The split, in seconds (they add up to the wall time from launch to the summary):
 
 from __future__ import annotations
 
-import json
-
-from tasks import datasets
+from tasks import jsonlog
 
 EVENTS = "events.jsonl"
-METRICS = "metrics.jsonl"
+METRICS = "metrics.jsonl"  # tasks.train.metrics writes it
 
 
 def read_jsonl(run_dir: str, name: str) -> list[dict]:
-    fs, path = datasets.filesystem(datasets.join(datasets.normalize_url(run_dir), name))
-    if not fs.exists(path):
-        return []
-    return [json.loads(line) for line in fs.cat_file(path).decode().splitlines() if line.strip()]
+    return jsonlog.read(run_dir, name)
 
 
 def append_event(run_dir: str, event: dict) -> None:
-    fs, path = datasets.filesystem(datasets.join(datasets.normalize_url(run_dir), EVENTS))
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path, "a") as f:
-        f.write(json.dumps(event, sort_keys=True) + "\n")
+    jsonlog.append(run_dir, EVENTS, event)
 
 
 def start_group(run_dir: str, *, time: float, resumed_from: int | None, world_size: int, restart_count: int) -> int:

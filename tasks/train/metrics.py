@@ -8,7 +8,6 @@ rates for accelerators and from a measured matmul rate on CPU.
 
 from __future__ import annotations
 
-import json
 import logging
 import resource
 import time
@@ -18,6 +17,9 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from tasks import datasets as contract
+from tasks import jsonlog
+
+METRICS = "metrics.jsonl"
 
 log = logging.getLogger(__name__)
 
@@ -91,39 +93,37 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 class MetricsLogger:
-    """Appends one JSON object per step to ``<run_dir>/metrics.jsonl``; only the writing rank opens it.
+    """Writes one JSON object per step to the run's ``metrics.jsonl`` log; only the writing rank opens it.
 
-    Append mode works on local and memory filesystems; object stores without append need a local
-    run directory for metrics (checkpoints may still go anywhere).
+    The log is appended to on local disk and written as rolled segments on object stores
+    (tasks/jsonlog.py); ``goodput.read_jsonl`` and the eval report read either.
     """
 
     def __init__(self, run_dir: str, *, enabled: bool) -> None:
         self.enabled = enabled
-        self.url = contract.join(contract.normalize_url(run_dir), "metrics.jsonl")
-        self._file = None
+        self.url = contract.join(contract.normalize_url(run_dir), METRICS)
+        self._log = None
         self._tb = None
         if not enabled:
             return
+        self._log = jsonlog.Segment(run_dir, METRICS)
         fs, path = contract.filesystem(self.url)
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        self._file = fs.open(path, "a")
         if isinstance(fs, LocalFileSystem):
             self._tb = _maybe_tensorboard(path.rsplit("/", 1)[0] + "/tb")
 
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
-        self._file.flush()
+        self._log.write(record)
         if self._tb is not None and "step" in record:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, record["step"])
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None

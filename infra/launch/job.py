@@ -1,0 +1,110 @@
+"""What a cluster launch needs, independent of the scheduler: nodes, processes per node, the
+torchrun command each node's agent runs, and how long the job may take.
+
+The run folder holds everything the ranks read (``train_config.json``) and write (checkpoints,
+metrics); it must be visible from every node: an object store URL or a shared filesystem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shlex
+from dataclasses import dataclass, field
+
+from pathlib import Path
+
+from tasks import datasets
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout every node runs (a shared filesystem or the image)
+
+ENGINES = ("slurm", "kubernetes")
+HEAD = "__SMELT_HEAD__"  # placeholder for the rendezvous host; each engine substitutes its own
+
+
+class SubmitError(RuntimeError):
+    """The scheduler refused the job; the message carries its answer."""
+
+
+@dataclass
+class JobSpec:
+    run_dir: str
+    train_args: list[str]  # tasks.train.main arguments (tasks.train.launch.prepare_run)
+    nodes: int = 1
+    procs_per_node: int = 1  # GPUs per node on a GPU cluster: one rank per GPU
+    gpus_per_node: int = 0  # 0: a CPU job
+    cpus_per_node: int = 0  # 0: the scheduler's default
+    max_restarts: int = 3  # torchrun restarts all ranks this many times inside one job
+    rdzv_port: int = 29500
+    time_limit_minutes: int = 0  # 0: the partition's limit
+    stop_lead_s: int = 300  # SIGUSR1 this long before the time limit: final checkpoint (tasks/train/preemption.py)
+    name: str = ""
+    partition: str = ""
+    account: str = ""
+    log_dir: str = ""  # Slurm's job output; default <repo>/smelt-logs
+    image: str = "smelt:latest"  # Kubernetes container image with this repository installed
+    namespace: str = "default"
+    store_secret: str = "smelt-store"  # Kubernetes Secret with AWS_* keys for the object store
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.run_dir = datasets.normalize_url(self.run_dir)
+        if self.nodes < 1 or self.procs_per_node < 1:
+            raise ValueError(f"--nodes ({self.nodes}) and processes per node ({self.procs_per_node}) must be ≥ 1")
+        if not self.name:
+            self.name = "smelt-" + hashlib.sha256(self.run_dir.encode()).hexdigest()[:8]
+        self.log_dir = self.log_dir or str(REPO_ROOT / "smelt-logs")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def torchrun(self, run_id: str, python: str | None = None) -> list[str]:
+        """This job's torchrun command line for every node's agent; the host is ``HEAD``."""
+        from tasks.train.launch import torchrun_command
+
+        cmd = torchrun_command(self.procs_per_node, self.train_args, run_id, self.max_restarts, self.rdzv_port,
+                               nnodes=str(self.nodes), rdzv_host=HEAD)
+        return [python or cmd[0], *cmd[1:]]
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def shell_line(cmd: list[str], head: str) -> str:
+    """``cmd`` quoted for a shell, with the rendezvous host placeholder replaced by ``head`` unquoted."""
+    return shlex.join(cmd).replace(HEAD, head)
+
+
+def launch_command(engine: str, nodes: int, procs_per_node: int, gpus_per_node: int,
+                   overrides: dict[str, object]) -> str:
+    """The ``smelt launch`` command that runs a planned layout (``smelt plan`` prints it)."""
+    sets = " ".join(f"--set train.{k}={v}" for k, v in overrides.items())
+    return (f"smelt launch {engine} --data <tokens-url> --root <store-url> --nodes {nodes} "
+            f"--procs-per-node {procs_per_node} --gpus-per-node {gpus_per_node} {sets}").rstrip()
+
+
+def launch(engine: str, *, data: dict[str, str], config: dict, run_dir: str, dry_run: bool,
+           script_path: str | None = None, **options) -> dict:
+    """Render the job for ``engine``; unless ``dry_run``, write the run's ``train_config.json`` and
+    submit it (Slurm) or write the manifest to apply (Kubernetes). Returns what was done."""
+    from infra.launch import kubernetes, slurm
+    from tasks.train.launch import prepare_run
+
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    spec = JobSpec(run_dir=run_dir, train_args=prepare_run(data, config, run_dir, write=False), **options)
+    text = slurm.render(spec) if engine == "slurm" else kubernetes.render(spec)
+    out = {"engine": engine, "run_dir": spec.run_dir, "name": spec.name, "world_size": spec.world_size,
+           "text": text, "path": None, "job_id": None}
+    if dry_run:
+        return out
+    prepare_run(data, config, run_dir)
+    path = script_path or f"{spec.log_dir}/{spec.name}.{'sbatch' if engine == 'slurm' else 'yaml'}"
+    out["path"] = path
+    if engine == "slurm":
+        out["job_id"] = slurm.submit(text, path)
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    return out
