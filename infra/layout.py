@@ -14,8 +14,8 @@ ZeRO stage is not a free choice everywhere; it follows what FSDP2 does in the tr
 Pipeline stages follow tasks/train/pipeline.py: 1F1B (one stage per rank), Interleaved1F1B (two,
 round-robin) or ZBVZeroBubble (two, folded: rank 0 holds the first and the last stage); layers split
 as evenly as possible with the remainder on earlier stages, embeddings on the first stage and the output
-projection on the last. ``balanced_stages`` instead moves layers off the rank holding the output
-projection and allows more virtual stages, as Llama 3 did; only the calibration against Llama 3 uses it.
+projection on the last. ``balanced_stages`` instead takes one layer off the first and the last rank and
+allows one layer per virtual stage, as Llama 3 did; only the calibration against Llama 3 uses it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from tasks.train.config import ModelConfig, ParallelConfig
 
 AC_MODES = ("none", "selective", "full")
 TRAINER_SCHEDULES = {"1F1B": 1, "Interleaved1F1B": 2, "ZBVZeroBubble": 2}  # schedule → stages per rank
+PRECISIONS = ("bf16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Layout:
     pp_schedule: str = "1F1B"  # 1F1B | Interleaved1F1B | ZBVZeroBubble
     virtual_stages: int = 1
     balanced_stages: bool = False  # Llama 3-style stage balancing (calibration only, see module doc)
+    cp: int = 1  # context parallel: each rank holds seq_len / cp tokens of every sequence (ring attention)
+    precision: str = "bf16"  # bf16 | fp8 (the linear layers' GEMMs in FP8, as Transformer Engine / torchao)
 
     @property
     def dp(self) -> int:
@@ -51,15 +54,22 @@ class Layout:
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def state_shards(self) -> int:
+        """Ranks that share one copy of the weights and split its gradients and optimizer states: the
+        data-parallel shard group times the context-parallel group (CP ranks hold the same weights)."""
+        return self.dp_shard * self.cp
 
     @property
     def name(self) -> str:
         dp = f"fsdp{self.dp_shard}" if self.dp_replicate == 1 else f"hsdp{self.dp_replicate}x{self.dp_shard}"
         pp = f"pp{self.pp}" + ("zbv" if self.pp_schedule == "ZBVZeroBubble" else
                                f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
-        name = f"tp{self.tp}·{pp}·{dp}·zero{self.zero}·mb{self.micro_batch}·ac-{self.activation_checkpoint}"
-        return name + ("·balanced" if self.balanced_stages else "")
+        cp = f"·cp{self.cp}" if self.cp > 1 else ""
+        name = f"tp{self.tp}{cp}·{pp}·{dp}·zero{self.zero}·mb{self.micro_batch}·ac-{self.activation_checkpoint}"
+        return name + ("·balanced" if self.balanced_stages else "") + ("·fp8" if self.precision == "fp8" else "")
 
     def split(self, shape: ModelShape) -> StageSplit:
         folded = self.pp_schedule == "ZBVZeroBubble"
@@ -123,7 +133,15 @@ class ModelShape:
 
     @cached_property
     def output_flops(self) -> float:
-        return self.flops_per_token - self.cfg.n_layers * self.layer_flops
+        """Training FLOPs per token of the output projection and final norm: the logits matmul runs even
+        when it shares the embedding's weights (which ``flops_per_token`` then leaves out of 6N)."""
+        return 6 * (self.cfg.vocab_size * self.cfg.dim + self.cfg.dim)
+
+    @cached_property
+    def attention_flops(self) -> float:
+        """Per layer and token: the score and value matmuls (12·H·Q·T), which stay in bf16 under FP8."""
+        c = self.cfg
+        return 12 * c.n_heads * c.head_dim * self.seq_len
 
 
 @dataclass(frozen=True)
@@ -138,6 +156,8 @@ class StageSplit:
     first_params: int
     last_params: int
     output_on_first: bool
+    per_rank: tuple[int, ...] = ()  # layers on each rank
+    output_rank: int = 0
 
     @property
     def max_params(self) -> int:
@@ -163,7 +183,7 @@ def _stage_split(shape: ModelShape, per_rank: list[int], output_rank: int) -> St
     params[output_rank] += shape.output_params
     return StageSplit(first_layers=per_rank[0], last_layers=per_rank[output_rank], max_layers=max(per_rank),
                       max_flops=max(loads), first_params=params[0], last_params=params[output_rank],
-                      output_on_first=output_rank == 0)
+                      output_on_first=output_rank == 0, per_rank=tuple(per_rank), output_rank=output_rank)
 
 
 def _even_split(shape: ModelShape, pp: int, virtual_stages: int, folded: bool) -> StageSplit:
@@ -178,18 +198,16 @@ def _even_split(shape: ModelShape, pp: int, virtual_stages: int, folded: bool) -
 
 
 def _balanced_split(shape: ModelShape, pp: int) -> StageSplit:
-    """Fewer layers on the rank holding the output projection, so the busiest rank is as light as possible."""
-    n, lf, of = shape.cfg.n_layers, shape.layer_flops, shape.output_flops
+    """Llama 3's balancing (paper §3.3.2): one layer fewer on the first rank (embedding) and on the last
+    (output projection and loss); the others share the rest evenly, remainder on earlier ranks."""
+    n = shape.cfg.n_layers
     if pp == 1:
         return _stage_split(shape, [n], output_rank=0)
-    best = None
-    for last in range(0, math.ceil(n / pp) + 1):
-        others = math.ceil((n - last) / (pp - 1))
-        load = max(others * lf, last * lf + of)
-        if best is None or load < best[0]:
-            best = (load, others, last)
-    _, others, last = best
-    return _stage_split(shape, [others] * (pp - 1) + [last], output_rank=pp - 1)
+    base, extra = divmod(n + 2, pp)
+    layers = [base + (1 if r < extra else 0) for r in range(pp)]
+    layers[0] -= 1
+    layers[-1] -= 1
+    return _stage_split(shape, layers, output_rank=pp - 1)
 
 
 @dataclass(frozen=True)
@@ -202,24 +220,47 @@ class Rejection:
     excess: float = 0.0
 
 
-def check_shape(layout: Layout, shape: ModelShape, gpus_per_node: int, global_seqs: int) -> Rejection | None:
-    """Rules that do not depend on memory or speed: divisibility, node size, schedule constraints."""
+def trainer_gaps(layout: Layout) -> list[str]:
+    """What smelt's trainer cannot run in this layout (a given layout may describe another system's run)."""
+    gaps = []
+    if layout.cp > 1:
+        gaps.append(f"context parallel (cp={layout.cp})")
+    if layout.precision != "bf16":
+        gaps.append(f"{layout.precision} matmuls")
+    if layout.pp > 1 and TRAINER_SCHEDULES.get(layout.pp_schedule) != layout.virtual_stages:
+        gaps.append(f"{layout.pp_schedule} with {layout.virtual_stages} stages per rank")
+    if layout.pp > 1 and layout.zero != 1:
+        gaps.append(f"ZeRO-{layout.zero} under pipelining")
+    return gaps
+
+
+def check_shape(layout: Layout, shape: ModelShape, gpus_per_node: int, global_seqs: int,
+                trainer_only: bool = True) -> Rejection | None:
+    """Rules that do not depend on memory or speed: divisibility, node size, schedule constraints
+    (``trainer_only=False`` drops the rules that only smelt's trainer imposes, to score other systems' runs)."""
     cfg = shape.cfg
+    if layout.precision not in PRECISIONS:
+        return Rejection("layout.precision_unknown", f"precision {layout.precision!r} is not one of {PRECISIONS}")
+    if layout.cp > 1 and shape.seq_len % (2 * layout.cp):
+        return Rejection("layout.cp_indivisible",
+                         f"seq_len={shape.seq_len} is not divisible by 2·cp={2 * layout.cp} (load-balanced ring)")
     if layout.tp > gpus_per_node:
         return Rejection("layout.tp_exceeds_node", f"tp={layout.tp} spans nodes ({gpus_per_node} GPUs per node)")
     for what, size in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads), ("ffn_hidden", cfg.ffn_hidden),
                        ("vocab_size", cfg.vocab_size)):
         if size % layout.tp:
             return Rejection("layout.tp_indivisible", f"model {what}={size} is not divisible by tp={layout.tp}")
-    if shape.seq_len % layout.tp:
+    if (shape.seq_len // layout.cp) % layout.tp:
         return Rejection("layout.seq_indivisible",
-                         f"seq_len={shape.seq_len} is not divisible by tp={layout.tp} (sequence parallel)")
+                         f"seq_len/cp={shape.seq_len // layout.cp} is not divisible by tp={layout.tp} "
+                         f"(sequence parallel)")
     if layout.pp > 1 and cfg.tie_embeddings:
         return Rejection("layout.tied_embeddings_with_pp", "tied embeddings cannot be split across pipeline stages")
-    if layout.pp * layout.virtual_stages > cfg.n_layers:
+    if layout.pp * layout.virtual_stages > cfg.n_layers + (2 if layout.balanced_stages else 0):
         return Rejection("layout.pp_exceeds_layers",
                          f"{layout.pp * layout.virtual_stages} pipeline stages > {cfg.n_layers} layers")
-    if not layout.balanced_stages and TRAINER_SCHEDULES.get(layout.pp_schedule) != layout.virtual_stages:
+    if (trainer_only and not layout.balanced_stages
+            and TRAINER_SCHEDULES.get(layout.pp_schedule) != layout.virtual_stages):
         return Rejection("layout.schedule_unsupported",
                          f"the trainer has no {layout.pp_schedule} schedule with {layout.virtual_stages} "
                          f"stages per rank; it runs {TRAINER_SCHEDULES}")
@@ -232,3 +273,58 @@ def check_shape(layout: Layout, shape: ModelShape, gpus_per_node: int, global_se
         return Rejection("layout.interleave_needs_microbatches",
                          f"{layout.pp_schedule} needs ≥ pp={layout.pp} micro-batches, has {m}")
     return None
+
+
+LAYOUT_KEYS = ("tp", "pp", "dp", "dp_shard", "cp", "mb", "ac", "schedule", "vp", "zero", "precision", "balanced")
+SCHEDULE_ALIASES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "interleaved1f1b": "Interleaved1F1B",
+                    "zbv": "ZBVZeroBubble", "zbvzerobubble": "ZBVZeroBubble"}
+
+
+def parse_layout(text: str, gpus: int, precision: str = "bf16") -> Layout:
+    """``tp=8,pp=4,dp=64,cp=1,mb=1,ac=selective,schedule=1F1B`` → Layout. Optional: ``vp`` (stages per rank;
+    the schedule's own count by default), ``dp_shard`` (FSDP shard group; all of dp by default, so
+    ``dp_replicate = dp / dp_shard``), ``zero`` (1 under pipelining, else 3), ``precision``, ``balanced``.
+    ``dp`` defaults to what the other degrees leave of ``gpus``."""
+    fields: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in LAYOUT_KEYS:
+            raise ValueError(f"--layout {part!r}: use key=value with key one of {', '.join(LAYOUT_KEYS)}")
+        fields[key] = value.strip()
+
+    def whole(key: str, default: int) -> int:
+        try:
+            value = int(fields.get(key, default))
+        except ValueError:
+            raise ValueError(f"--layout {key}={fields[key]!r} must be a whole number") from None
+        if value < 1:
+            raise ValueError(f"--layout {key}={value} must be at least 1")
+        return value
+
+    tp, pp, cp, mb = whole("tp", 1), whole("pp", 1), whole("cp", 1), whole("mb", 1)
+    if gpus % (tp * pp * cp):
+        raise ValueError(f"--layout tp·pp·cp = {tp * pp * cp} does not divide --gpus {gpus}")
+    dp = whole("dp", gpus // (tp * pp * cp))
+    if tp * pp * cp * dp != gpus:
+        raise ValueError(f"--layout tp·cp·pp·dp = {tp * cp * pp * dp} GPUs, but --gpus is {gpus}")
+    shard = whole("dp_shard", dp)
+    if dp % shard:
+        raise ValueError(f"--layout dp_shard={shard} does not divide dp={dp}")
+    schedule = SCHEDULE_ALIASES.get(fields.get("schedule", "1F1B").lower())
+    if schedule is None:
+        raise ValueError(f"--layout schedule={fields['schedule']!r}: choose 1F1B, Interleaved1F1B or ZBVZeroBubble")
+    vp = whole("vp", TRAINER_SCHEDULES[schedule] if pp > 1 else 1)
+    if vp > 1 and schedule == "1F1B":
+        schedule = "Interleaved1F1B"
+    ac = fields.get("ac", "none").lower()
+    if ac not in AC_MODES:
+        raise ValueError(f"--layout ac={ac!r}: choose one of {', '.join(AC_MODES)}")
+    zero = whole("zero", 1 if pp > 1 else 3) if fields.get("zero") != "0" else 0
+    precision = fields.get("precision", precision).lower()
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    return Layout(tp=tp, pp=pp, dp_replicate=dp // shard, dp_shard=shard, zero=zero, micro_batch=mb,
+                  activation_checkpoint=ac, pp_schedule=schedule if pp > 1 else "1F1B",
+                  virtual_stages=vp if pp > 1 else 1, balanced_stages=fields.get("balanced", "").lower()
+                  in ("1", "true", "yes"), cp=cp, precision=precision)

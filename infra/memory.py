@@ -22,6 +22,16 @@ Llama block with TP degree t and sequence parallel (tasks/train/parallelize.py):
 - full: each layer's sequence-sharded input, 2h/t.
 A recomputing layer also holds its recomputed tensors while its backward runs (counted once).
 The counting follows Korthikanti et al. 2022 (GPT blocks), adapted to SwiGLU, GQA and torch's saves.
+
+``saves="megatron"`` counts what Megatron-LM / Transformer Engine keep instead (also used for Meta's
+Llama 3 runs, whose layout is Megatron-style): sequence-parallel layers save their *sharded* input and
+all-gather it again in the backward, and the fused SwiGLU keeps only its input and output:
+  block input, norm output, q, attention output, second block input, norm output: 12h/t
+  k, v: 4kv/t; SwiGLU input (w1 and w3 outputs) and output: 6f/t
+Megatron's "selective" recomputes the attention core, which flash attention already does: same as none.
+Under FP8 (Transformer Engine) the three norm/SwiGLU outputs that feed a linear layer are kept in FP8:
+(10h + 4kv + 5f)/t, and every GPU holds FP8 copies of its weights and their transposes (``fp8_weight_bytes``).
+Context parallel splits every sequence over cp ranks, so activations scale with seq_len / cp.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ class MemoryAssumptions:
     runtime_gb: float = 3.0  # CUDA context, NCCL buffers, cuBLAS workspaces
     headroom: float = 0.10  # fraction of device memory left for allocator fragmentation
     logits_bytes: int = 8  # bf16 logits + fp32 softmax/gradient per vocab entry in the loss
+    saves: str = "torch"  # torch (smelt's trainer, torchtitan, llm-foundry) | megatron (Megatron/TE, Llama 3)
+    fp8_weight_bytes: int = 2  # Transformer Engine: an FP8 copy of each weight and of its transpose
 
 
 @dataclass(frozen=True)
@@ -90,10 +102,20 @@ def model_state_bytes(params: float, zero: int, shards: int, a: MemoryAssumption
     return p, g, o
 
 
-def layer_activation_bytes(shape: ModelShape, tp: int, activation_checkpoint: str) -> float:
+SAVES = ("torch", "megatron")
+
+
+def layer_activation_bytes(shape: ModelShape, tp: int, activation_checkpoint: str, saves: str = "torch",
+                           precision: str = "bf16") -> float:
     """Bytes per token one layer keeps for its backward (see the module docstring)."""
     c = shape.cfg
     h, kv, f = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
+    if saves not in SAVES:
+        raise ValueError(f"saves must be one of {', '.join(SAVES)}, got {saves!r}")
+    if saves == "megatron" and activation_checkpoint in ("none", "selective"):
+        if precision == "fp8":
+            return (10 * h + 4 * kv + 5 * f) / tp
+        return (12 * h + 4 * kv + 6 * f) / tp
     if activation_checkpoint == "none":
         return 4 * h + (8 * h + 4 * kv + 8 * f) / tp
     if activation_checkpoint == "selective":
@@ -104,10 +126,10 @@ def layer_activation_bytes(shape: ModelShape, tp: int, activation_checkpoint: st
     raise ValueError(f"activation_checkpoint must be one of {', '.join(AC_MODES)}, got {activation_checkpoint!r}")
 
 
-def _stage_activations(shape: ModelShape, layout: Layout, layers: int, tokens: int) -> float:
+def _stage_activations(shape: ModelShape, layout: Layout, layers: int, tokens: int, saves: str) -> float:
     """One micro-batch's saved activations on a stage of ``layers`` layers, plus the recompute working set."""
-    kept = layer_activation_bytes(shape, layout.tp, layout.activation_checkpoint)
-    whole = layer_activation_bytes(shape, layout.tp, "none")
+    kept = layer_activation_bytes(shape, layout.tp, layout.activation_checkpoint, saves, layout.precision)
+    whole = layer_activation_bytes(shape, layout.tp, "none", saves, layout.precision)
     return layers * kept * tokens + max(whole - kept, 0.0) * tokens
 
 
@@ -127,17 +149,20 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     """Peak memory of the busiest rank (first pipeline stage, or the only one)."""
     split = layout.split(shape)
     stage_params = split.max_params / layout.tp
-    params, grads, optimizer = model_state_bytes(stage_params, layout.zero, layout.dp_shard, a)
+    params, grads, optimizer = model_state_bytes(stage_params, layout.zero, layout.state_shards, a)
 
     # FSDP gathers one unit (layer, or the larger embedding/output) at a time, prefetching the next.
     unit = max(shape.layer_params, shape.embedding_params, shape.output_params) / layout.tp
     buffers = {3: unit * (2 * a.param_bytes + a.grad_bytes), 2: unit * a.grad_bytes}.get(layout.zero, 0.0)
+    if layout.precision == "fp8" and a.saves == "megatron":  # TE's FP8 weight copies (the matrices, not the vocab)
+        held = split.max_layers if layout.zero < 3 else 2  # ZeRO-3: the gathered layer and the prefetched one
+        buffers += a.fp8_weight_bytes * held * shape.layer_params / layout.tp
 
-    tokens = layout.micro_batch * shape.seq_len
-    first = _stage_activations(shape, layout, split.first_layers, tokens)
-    working = _stage_activations(shape, layout, 0, tokens)  # held once, not per micro-batch in flight
+    tokens = layout.micro_batch * shape.seq_len // layout.cp
+    first = _stage_activations(shape, layout, split.first_layers, tokens, a.saves)
+    working = _stage_activations(shape, layout, 0, tokens, a.saves)  # held once, not per micro-batch in flight
     first_stage = (first - working) * inflight_microbatches(layout, microbatches) + working
-    last_stage = _stage_activations(shape, layout, split.last_layers, tokens)
+    last_stage = _stage_activations(shape, layout, split.last_layers, tokens, a.saves)
     logits = tokens * shape.cfg.vocab_size / layout.tp * a.logits_bytes
     if layout.pp == 1 or split.output_on_first:
         activations, logits_held = first_stage, logits

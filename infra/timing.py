@@ -11,7 +11,20 @@ send/receive over the inter-node network. Bandwidths are ring bandwidths: (n-1)/
 each GPU's link.
 
 MFU counts model FLOPs only (6N + 12·L·H·Q·T per token, ``ModelConfig.flops_per_token``), as the trainer
-reports it, so recomputation lowers MFU.
+reports it, so recomputation lowers MFU. It is always against the dense bf16 peak, FP8 runs included.
+
+FP8 (Transformer Engine, torchao float8): the linear layers' forward and backward GEMMs run
+``fp8_speedup`` times faster than in bf16 (the datasheet says 2×; the achieved ratio is fitted in
+infra/validation.py). Attention (the score and value matmuls and softmax), the norms, the embedding, the
+output projection and the optimizer stay in bf16/fp32. The casts cost HBM traffic: each linear input
+(forward) and output gradient (backward) is read for its amax, read again and written as FP8 plus an
+FP8 transpose (6 bytes per element), and each weight is cast once per micro-batch.
+
+Context parallel (ring attention, as Transformer Engine and torch's context_parallel run it): each rank
+holds seq_len/cp tokens of every sequence, load-balanced for the causal mask, and passes its K and V around
+the ring: (cp−1) chunks forward, K, V and their gradients backward. The exchange hides behind the
+attention compute of the same layer (``cp_overlap``); what does not fit is exposed. Weights are replicated
+over the cp ranks, so gradients reduce over dp_shard × cp.
 """
 
 from __future__ import annotations
@@ -31,13 +44,17 @@ class TimingAssumptions:
     tp_overlap: float = 0.0  # share of TP collectives hidden behind compute (async TP needs torch.compile)
     dp_overlap: float = 0.90  # share of the compute window FSDP traffic can hide behind
     pp_overlap: float = 0.50  # share of pipeline send/receive hidden behind compute
+    cp_overlap: float = 0.90  # share of a layer's attention compute the ring exchange can hide behind
+    fp8_speedup: float = 1.0  # FP8 linear GEMM rate / bf16 GEMM rate; infra/validation.py fits it
 
     def __post_init__(self) -> None:
+        if not 1 <= self.fp8_speedup <= 4:
+            raise ValueError(f"fp8_speedup must be in [1, 4], got {self.fp8_speedup}")
         for name in ("compute", "network"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
                 raise ValueError(f"efficiency {name} must be in (0, 1], got {getattr(self, name)}")
-        for name in ("tp_overlap", "dp_overlap", "pp_overlap"):
+        for name in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"overlap {name} must be in [0, 1], got {getattr(self, name)}")
 
@@ -52,6 +69,7 @@ class StepTime:
     pp_comm: float
     bubble: float
     dp_comm: float
+    cp_comm: float
     tokens_per_step: float
     model_flops_per_step: float
     world: int
@@ -59,7 +77,7 @@ class StepTime:
 
     @property
     def total(self) -> float:
-        return self.compute + self.recompute + self.tp_comm + self.pp_comm + self.bubble + self.dp_comm
+        return self.compute + self.recompute + self.tp_comm + self.pp_comm + self.cp_comm + self.bubble + self.dp_comm
 
     @property
     def tokens_per_s(self) -> float:
@@ -71,12 +89,13 @@ class StepTime:
 
     def parts(self) -> dict[str, float]:
         return {"compute": self.compute, "recompute": self.recompute, "tp_comm": self.tp_comm,
-                "pp_comm": self.pp_comm, "pp_bubble": self.bubble, "dp_comm": self.dp_comm}
+                "pp_comm": self.pp_comm, "cp_comm": self.cp_comm, "pp_bubble": self.bubble, "dp_comm": self.dp_comm}
 
 
 PART_LABELS = {"compute": "compute on the slowest stage", "recompute": "activation recomputation",
                "tp_comm": "exposed tensor-parallel collectives", "pp_comm": "exposed pipeline send/receive",
-               "pp_bubble": "pipeline bubble", "dp_comm": "exposed FSDP/data-parallel traffic"}
+               "cp_comm": "exposed ring-attention exchange", "pp_bubble": "pipeline bubble",
+               "dp_comm": "exposed FSDP/data-parallel traffic"}
 
 
 def _ring(n: int) -> float:
@@ -112,48 +131,82 @@ def _bubble_share(shape: ModelShape, layout: Layout) -> float:
     return max(f + b - 2 * w, 0.0) / (f + b + w)
 
 
+def _fp8_cast_bytes(shape: ModelShape, tp: int) -> float:
+    """HBM bytes per token and layer for FP8 casts: linear inputs q/k/v, wo, w1/w3, w2 (3h + f) forward and
+    the output gradients (h + 2kv), h, 2f, h backward, 6 bytes per element (see the module docstring)."""
+    c = shape.cfg
+    h, kv, f = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
+    return 6 * (3 * h + f + 3 * h + 2 * kv + 2 * f) / tp
+
+
 def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
               a: TimingAssumptions = TimingAssumptions()) -> StepTime:
     cfg, s = shape.cfg, shape.seq_len
     split = layout.split(shape)
     m = layout.microbatches(global_seqs)
-    tokens = layout.micro_batch * s
+    tokens = layout.micro_batch * s // layout.cp  # per rank and micro-batch
     rate = gpu.peak_flops * (a.compute if a.compute is not None else gpu.compute_efficiency)
     nvlink = gpu.nvlink_gbps * 1e9 * a.network
     nic = gpu.internode_gbps * 1e9 * a.network
+    hbm = gpu.hbm_tbps * 1e12
+    fp8 = layout.precision == "fp8"
 
+    # Seconds per token on one rank: a layer's linear GEMMs (FP8 or bf16) and attention (bf16), the output.
+    linear_flops = shape.layer_flops - shape.attention_flops
+    attention_s = shape.attention_flops / layout.tp / rate
+    layer_s = linear_flops / layout.tp / (rate * (a.fp8_speedup if fp8 else 1.0)) + attention_s
+    if fp8:
+        layer_s += _fp8_cast_bytes(shape, layout.tp) / hbm
+    output_s = shape.output_flops / layout.tp / rate
+    per_rank = split.per_rank or (split.max_layers,)
+    loads = [n * layer_s + (output_s if r == split.output_rank else 0.0) for r, n in enumerate(per_rank)]
     layers = split.max_layers
-    compute = tokens * split.max_flops / layout.tp / rate
+    compute = tokens * max(loads)
+    if fp8:  # weights cast to FP8 once per micro-batch
+        compute += 6 * layers * shape.layer_params / layout.tp / hbm
+
     recompute, recomputed = 0.0, 0
     if layout.activation_checkpoint == "full":  # the whole forward again, collectives included
         recomputed = layers
-        recompute = tokens * layers * shape.layer_flops / 3 / layout.tp / rate
+        recompute = tokens * layers * layer_s / 3
     elif layout.activation_checkpoint == "selective":  # memory-bound ops only: HBM traffic, no FLOPs
-        recompute = tokens * layers * _selective_recompute_bytes(shape, layout.tp) / (gpu.hbm_tbps * 1e12)
+        recompute = tokens * layers * _selective_recompute_bytes(shape, layout.tp) / hbm
 
-    activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation
+    activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation on this rank
     tp_collectives = 8 * layers + 4 * recomputed
-    tp = tp_collectives * _ring(layout.tp) * activation / nvlink * (1 - a.tp_overlap)
+    tp = _hidden(tp_collectives * _ring(layout.tp) * activation / nvlink, compute + recompute, layers,
+                 a.tp_overlap)
     pp = (2 * layout.virtual_stages * activation / layout.tp / nic * (1 - a.pp_overlap)) if layout.pp > 1 else 0.0
-    slot = compute + recompute + tp + pp
 
-    # Data-parallel traffic per rank, ring collectives over the shard group, then across replicas (HSDP).
+    cp = 0.0
+    if layout.cp > 1:  # ring attention: K and V chunks forward; K, V and their gradients backward
+        link = nvlink if layout.tp * layout.cp <= gpu.gpus_per_node else nic
+        kv_chunk = tokens * 2 * cfg.n_kv_heads * cfg.head_dim / layout.tp * 2
+        ring_fwd = (layout.cp - 1) * kv_chunk / link
+        attn_fwd = tokens * attention_s / 3
+        forward = max(ring_fwd - a.cp_overlap * attn_fwd, 0.0) * (2 if layout.activation_checkpoint == "full" else 1)
+        cp = layers * (forward + max(2 * ring_fwd - a.cp_overlap * 2 * attn_fwd, 0.0))
+    slot = compute + recompute + tp + pp + cp
+
+    # Data-parallel traffic per rank, ring collectives over the shard group (dp_shard × cp), then across
+    # replicas (HSDP).
     params = split.max_params / layout.tp
-    shard_bw = nvlink if layout.tp * layout.dp_shard <= gpu.gpus_per_node else nic
-    gather = 2 * params * _ring(layout.dp_shard) / shard_bw  # one all-gather of bf16 parameters
-    scatter = 4 * params * _ring(layout.dp_shard) / shard_bw  # one reduce-scatter of fp32 gradients
-    scatter += 2 * 4 * params / layout.dp_shard * _ring(layout.dp_replicate) / nic  # HSDP all-reduce
+    shards = layout.state_shards
+    shard_bw = nvlink if layout.tp * shards <= gpu.gpus_per_node else nic
+    gather = 2 * params * _ring(shards) / shard_bw  # one all-gather of bf16 parameters
+    scatter = 4 * params * _ring(shards) / shard_bw  # one reduce-scatter of fp32 gradients
+    scatter += 2 * 4 * params / shards * _ring(layout.dp_replicate) / nic  # HSDP all-reduce
     fwd_window, bwd_window = compute / 3, compute * 2 / 3 + recompute
-    if layout.zero == 3:  # gather before forward and again before backward, scatter every micro-batch
+    if layout.pp > 1 or layout.zero < 2:  # gather in the first forward, scatter in the last backward
+        dp = _hidden(gather, fwd_window, layers, a.dp_overlap) + _hidden(scatter, bwd_window, layers, a.dp_overlap)
+    elif layout.zero == 3:  # gather before forward and again before backward, scatter every micro-batch
         dp = m * (_hidden(gather, fwd_window, layers, a.dp_overlap)
                   + _hidden(gather + scatter, bwd_window, layers, a.dp_overlap))
-    elif layout.zero == 2:  # parameters kept from forward to backward
+    else:  # ZeRO-2: parameters kept from forward to backward
         dp = m * (_hidden(gather, fwd_window, layers, a.dp_overlap)
                   + _hidden(scatter, bwd_window, layers, a.dp_overlap))
-    else:  # pipelining: gather in the first forward, scatter in the last backward
-        dp = _hidden(gather, fwd_window, layers, a.dp_overlap) + _hidden(scatter, bwd_window, layers, a.dp_overlap)
 
-    return StepTime(compute=m * compute, recompute=m * recompute, tp_comm=m * tp, pp_comm=m * pp,
+    return StepTime(compute=m * compute, recompute=m * recompute, tp_comm=m * tp, pp_comm=m * pp, cp_comm=m * cp,
                     bubble=(layout.pp - 1) / layout.virtual_stages * slot * _bubble_share(shape, layout), dp_comm=dp,
                     tokens_per_step=global_seqs * s, model_flops_per_step=global_seqs * s * shape.flops_per_token,
                     world=layout.world, peak_flops=gpu.peak_flops)

@@ -35,9 +35,10 @@ def test_zbv_folds_the_first_and_last_stage_onto_rank_0():
     assert split.first_params == 20 * shape.layer_params + shape.embedding_params + shape.output_params
 
 
-def test_balanced_split_moves_layers_off_the_stage_with_the_output_projection():
+def test_balanced_split_takes_one_layer_off_the_first_and_the_last_stage():
     split = split_stages(ModelShape(PRESETS["405b"], 8192), 16, balanced=True)
-    assert (split.first_layers, split.last_layers) == (8, 6)  # as Llama 3 did
+    assert (split.first_layers, split.last_layers) == (7, 7)  # as Llama 3 did (§3.3.2): 7 + 14 × 8 + 7
+    assert sum(split.per_rank) == 126
 
 
 def test_zero_bubble_v_leaves_a_small_share_of_the_1f1b_bubble():
