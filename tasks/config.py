@@ -7,11 +7,14 @@ Unknown keys are errors (a typo such as ``train.stpes`` must never silently beco
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
+
+import fsspec
 
 T = TypeVar("T")
 
@@ -105,17 +108,26 @@ def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Load ``cls`` from a TOML file (optional) and overrides; defaults fill the rest."""
+def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+         section: str | None = None) -> T:
+    """Load ``cls`` from a TOML or JSON file at a path or any fsspec URL (optional) and overrides.
+
+    The one config loader (the CLI's run config, the torchrun entry point's train config). With
+    ``section``, a file that is a whole run config contributes only its ``[section]`` table.
+    """
     data: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"config file {path} does not exist")
+        text = str(path)
+        fs, fs_path = fsspec.core.url_to_fs(text)
+        if not fs.exists(fs_path):
+            raise ConfigError(f"config file {text} does not exist")
+        raw = fs.cat_file(fs_path).decode()
         try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
+            data = json.loads(raw) if text.endswith(".json") else tomllib.loads(raw)
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"config file {text} cannot be parsed: {e}") from e
+        if section is not None and isinstance(data.get(section), dict):
+            data = data[section]
     return from_dict(cls, merge_overrides(data, overrides or []))
 
 

@@ -1,13 +1,33 @@
 """Training config: model shape presets, parallel layout, optimizer, data, checkpoints.
 
 Plain dataclasses with no torch import, so the planner (``infra/``) and the CLI can read the same
-presets the trainer builds.
+presets the trainer builds. Every value is checked when the config is built (``__post_init__``), so a
+mistake is one sentence at load time, before anything launches; what needs the world size or the
+data (layout divisibility, vocabulary) is checked by ``tasks.train.launch.preflight``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
+
+from tasks.datasets import normalize_url
+
+# The option values the trainer implements; one home for the CLI, the planner and the trainer.
+PP_SCHEDULES = {"1F1B": 1, "Interleaved1F1B": 2, "ZBVZeroBubble": 2}  # schedule -> stages per pp rank
+AC_MODES = ("none", "selective", "full")
+MIXED_PRECISION = ("auto", "fp32", "bf16")
+ASYNC_MODES = ("off", "thread", "process")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _choice(key: str, value: str, choices) -> None:
+    _require(value in choices, f"{key} is {value!r}; choose one of {', '.join(choices)}")
 
 
 @dataclass
@@ -26,6 +46,10 @@ class ModelConfig:
     tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
+            _require(getattr(self, name) >= 1, f"model.{name} must be at least 1, got {getattr(self, name)}")
+        _require(self.vocab_size >= 0, f"model.vocab_size must be >= 0 (0: from the tokenizer), got {self.vocab_size}")
+        _require(self.rope_theta > 0 and self.norm_eps > 0, "model.rope_theta and model.norm_eps must be positive")
         if self.dim % self.n_heads:
             raise ValueError(f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
@@ -77,6 +101,25 @@ def preset(name: str, **overrides) -> ModelConfig:
 
 
 @dataclass
+class ModelOverrides:
+    """``[train.model]``: fields of the preset to change; unset (None) keeps the preset's value."""
+
+    dim: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+    ffn_hidden: int | None = None
+    vocab_size: int | None = None
+    max_seq_len: int | None = None
+    rope_theta: float | None = None
+    norm_eps: float | None = None
+    tie_embeddings: bool | None = None
+
+    def given(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass
 class ParallelConfig:
     """Mesh degrees ``pp × dp_replicate × dp_shard × tp``; ``dp_shard = -1`` takes the rest of the world."""
 
@@ -91,6 +134,16 @@ class ParallelConfig:
     compile: bool = False
     mixed_precision: str = "auto"  # auto: bf16 params + fp32 reduce on GPU, fp32 on CPU; fp32 | bf16
 
+    def __post_init__(self) -> None:
+        for name in ("pp", "dp_replicate", "tp"):
+            _require(getattr(self, name) >= 1, f"parallel.{name} must be at least 1, got {getattr(self, name)}")
+        _require(self.dp_shard == -1 or self.dp_shard >= 1,
+                 f"parallel.dp_shard must be -1 (the rest of the world) or at least 1, got {self.dp_shard}")
+        _require(self.pp_microbatches >= 0, f"parallel.pp_microbatches must be >= 0, got {self.pp_microbatches}")
+        _choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        _choice("parallel.activation_checkpoint", self.activation_checkpoint, AC_MODES)
+        _choice("parallel.mixed_precision", self.mixed_precision, MIXED_PRECISION)
+
 
 @dataclass
 class OptimConfig:
@@ -102,6 +155,14 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, f"optim.lr must be positive, got {self.lr}")
+        _require(0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _require(self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        _require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1)")
+        _require(self.eps > 0 and self.grad_clip > 0, "optim.eps and optim.grad_clip must be positive")
 
 
 @dataclass
@@ -115,6 +176,16 @@ class DataConfig:
     prefetch: int = 2
     mixture: dict[str, float] = field(default_factory=dict)  # dataset name -> weight; empty: one dataset
 
+    def __post_init__(self) -> None:
+        _require(self.seq_len >= 1, f"data.seq_len must be at least 1, got {self.seq_len}")
+        _require(self.global_batch >= 1, f"data.global_batch must be at least 1, got {self.global_batch}")
+        _require(self.micro_batch >= 0, f"data.micro_batch must be >= 0 (0: no accumulation), got {self.micro_batch}")
+        _require(not self.micro_batch or self.global_batch % self.micro_batch == 0,
+                 f"data.micro_batch ({self.micro_batch}) must divide data.global_batch ({self.global_batch})")
+        _require(self.prefetch >= 0, f"data.prefetch must be >= 0, got {self.prefetch}")
+        bad = [name for name, w in self.mixture.items() if not isinstance(w, (int, float)) or w <= 0]
+        _require(not bad, f"data.mixture weights must be positive numbers; fix {', '.join(map(repr, bad))}")
+
 
 @dataclass
 class CheckpointConfig:
@@ -123,6 +194,12 @@ class CheckpointConfig:
     keep_last: int = 2
     keep_every: int = 0  # also keep every N-th step (0: none)
     async_mode: str = "thread"  # off | thread | process
+
+    def __post_init__(self) -> None:
+        _require(self.interval_steps >= 0 and self.interval_minutes >= 0 and self.keep_every >= 0,
+                 "checkpoint.interval_steps, interval_minutes and keep_every must be >= 0 (0: off)")
+        _require(self.keep_last >= 1, "checkpoint.keep_last must be at least 1: the newest checkpoint is never deleted")
+        _choice("checkpoint.async_mode", self.async_mode, ASYNC_MODES)
 
 
 @dataclass
@@ -180,7 +257,7 @@ class FaultConfig:
 @dataclass
 class TrainConfig:
     model_preset: str = "tiny"
-    model: dict = field(default_factory=dict)  # overrides of the preset's fields
+    model: ModelOverrides = field(default_factory=ModelOverrides)
     steps: int = 40
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -192,10 +269,52 @@ class TrainConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
     seed: int = 0
     log_every: int = 1
-    dtype: str = "float32"
+    init_from: str = ""  # a Hugging Face Llama folder to start from (continued pretraining); its shape wins
+
+    def __post_init__(self) -> None:
+        _choice("train.model_preset", self.model_preset, PRESETS)
+        _require(self.steps >= 1, f"train.steps must be at least 1, got {self.steps}")
+        _require(self.log_every >= 1, f"train.log_every must be at least 1, got {self.log_every}")
+        self.model_config()  # the preset with its overrides must be a valid shape
 
     def model_config(self, vocab_size: int | None = None) -> ModelConfig:
-        overrides = dict(self.model)
+        """The model to build; ``vocab_size`` (the tokenizer's) fills a vocabulary neither preset nor overrides set."""
+        overrides = self.model.given()
         if vocab_size is not None and not overrides.get("vocab_size") and not PRESETS[self.model_preset].vocab_size:
             overrides["vocab_size"] = vocab_size
         return preset(self.model_preset, **overrides)
+
+    def model_for_data(self, data_vocab_size: int) -> ModelConfig:
+        """The model for data tokenized with a ``data_vocab_size`` vocabulary; refuses one too small for its ids."""
+        model = self.model_config(vocab_size=data_vocab_size)
+        _require(model.vocab_size >= data_vocab_size,
+                 f"the model's vocabulary ({model.vocab_size}, from train.model.vocab_size or preset "
+                 f"{self.model_preset!r}) is smaller than the data's tokenizer ({data_vocab_size}); set "
+                 f"train.model.vocab_size = 0 to take the tokenizer's, or at least {data_vocab_size}")
+        return model
+
+
+# -- the data a run trains on ----------------------------------------------------------------------
+
+_NAMED = re.compile(r"^([A-Za-z_][\w.-]*)=(.+)$")
+
+
+def parse_data(items: list[str]) -> dict[str, str]:
+    """``["URL"]`` or ``["web=URL", "code=URL"]`` → {name: normalised URL}; a lone unnamed URL is "main".
+
+    The one parser of a run's data list (CLI, flow, torchrun entry point).
+    """
+    items = [item.strip() for item in items if item.strip()]
+    out: dict[str, str] = {}
+    for item in items:
+        match = _NAMED.match(item)
+        if match and "://" not in match.group(1):
+            name, url = match.groups()
+        elif len(items) == 1:
+            name, url = "main", item
+        else:
+            raise ValueError(f"data item {item!r} needs a name when several datasets are given: name=URL")
+        _require(name not in out, f"data names dataset {name!r} twice; give each dataset its own name")
+        out[name] = normalize_url(url)
+    _require(bool(out), "no data given; pass a tokens dataset URL")
+    return out

@@ -33,7 +33,9 @@ from pathlib import Path
 import psutil
 
 from tasks import datasets as contract
+from tasks.config import from_dict
 from tasks.train import goodput
+from tasks.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +55,19 @@ def free_port() -> int:
 
 
 def torchrun_command(nproc: int, args: list[str], run_id: str, max_restarts: int, rdzv_port: int,
-                     nnodes: str = "1", rdzv_conf: str | None = None) -> list[str]:
+                     nnodes: str = "1", rdzv_conf: str | None = None, rdzv_host: str = "127.0.0.1") -> list[str]:
     """The torchrun command line (this node's agent) running ``python -m tasks.train.main ARGS`` on each rank.
 
     ``rdzv_conf`` tunes an elastic rendezvous, e.g. ``last_call_timeout=10,keep_alive_interval=1``
     (seconds to wait for more nodes once the minimum is there; heartbeat that finds lost nodes).
+    ``rdzv_host``: the node hosting the rendezvous store (cluster launches, infra/launch/).
     """
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", nnodes,
         "--nproc-per-node", str(nproc),
         "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}",
+        "--rdzv-endpoint", f"{rdzv_host}:{rdzv_port}",
         "--rdzv-id", run_id,
         *(["--rdzv-conf", rdzv_conf] if rdzv_conf else []),
         "--max-restarts", str(max_restarts),
@@ -164,15 +167,45 @@ def _stop_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def prepare_run(data: dict[str, str], config: dict, run_dir: str) -> list[str]:
+def data_vocab_size(data: dict[str, str]) -> int:
+    """The vocabulary of the tokens datasets a run trains on (each must be a complete tokens dataset)."""
+    return max(int(contract.open_dataset(url, kind="tokens").meta["vocab_size"]) for url in data.values())
+
+
+def preflight(cfg: TrainConfig, data: dict[str, str], world_sizes: list[int]) -> dict:
+    """Every check that needs the data or the world size, before torchrun starts; returns the dry-run report.
+
+    A user mistake (a missing dataset, a vocabulary smaller than the data's, mixture names that are
+    not the data's, a layout or batch the world size cannot split) is one ValueError/DatasetError
+    sentence here rather than a traceback on every rank and a restart per attempt.
+    """
+    from tasks.train.trainer import describe_layout  # torch; and the trainer's stragglers import this module
+
+    vocab = data_vocab_size(data)
+    cfg.model_for_data(vocab)
+    if cfg.data.mixture and sorted(cfg.data.mixture) != sorted(data):
+        raise ValueError(f"train.data.mixture names {sorted(cfg.data.mixture)} but the data is {sorted(data)}; "
+                         "use the same names")
+    report: dict = {}
+    for world_size in world_sizes:
+        try:
+            report = describe_layout(cfg, world_size=world_size, vocab_size=vocab)
+        except ValueError as e:
+            raise ValueError(f"on {world_size} rank(s): {e}") from None
+    return report
+
+
+def prepare_run(data: dict[str, str], config: dict, run_dir: str, *, write: bool = True) -> list[str]:
     """Write ``<run_dir>/train_config.json`` (the run folder records what ran, and restarted ranks reread
-    it); returns the ``tasks.train.main`` arguments that train it on ``data`` (name → tokens URL)."""
+    it); returns the ``tasks.train.main`` arguments that train it on ``data`` (name → tokens URL).
+    ``write=False``: only the arguments (a dry run)."""
     run_dir = contract.normalize_url(run_dir)
     config_url = contract.join(run_dir, "train_config.json")
-    with contract.atomic_write(config_url, "w") as f:
-        f.write(json.dumps(config, indent=2, sort_keys=True))
-    return ["--config", config_url, "--data", ",".join(f"{name}={url}" for name, url in data.items()),
-            "--run-dir", run_dir]
+    if write:
+        with contract.atomic_write(config_url, "w") as f:
+            f.write(json.dumps(config, indent=2, sort_keys=True))
+    data_args = [arg for name, url in data.items() for arg in ("--data", f"{name}={url}")]
+    return ["--config", config_url, *data_args, "--run-dir", run_dir]
 
 
 def launch_torchrun(
@@ -188,7 +221,12 @@ def launch_torchrun(
     log: Callable[[str], None] = log.info,
 ) -> dict:
     """Train ``config`` (a TrainConfig as a dict) on ``data`` (name → tokens URL) with ``nproc``
-    local ranks; returns {returncode, summary, seconds, restarts}."""
+    local ranks; returns {returncode, summary, seconds, restarts}. The config, data and layout are
+    checked (``preflight``) before torchrun starts."""
+    if nproc < 1:
+        raise ValueError(f"launch.nproc must be at least 1, got {nproc}")
+    low, _, high = nnodes.partition(":")
+    preflight(from_dict(TrainConfig, config), data, sorted({int(low) * nproc, int(high or low) * nproc}))
     run_dir = contract.normalize_url(run_dir)
     args = prepare_run(data, config, run_dir)
     started = time.monotonic()

@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from tasks import datasets as contract
-from tasks.train import goodput, metrics, pipeline, watchdog
+from tasks.train import goodput, hf, metrics, pipeline, watchdog
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import DataConfig, ModelConfig, TrainConfig
 from tasks.train.data import TokenLoader
@@ -39,6 +39,7 @@ from tasks.train.model import Transformer
 from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.parallelize import check_model_fits, compute_dtype, materialize, param_counts, parallelize_model
+from tasks.train.preemption import StopRequest
 from tasks.train.stragglers import StragglerDetector
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,10 @@ class Trainer:
             datasets, weights, split="train", seq_len=cfg.data.seq_len, global_batch=cfg.data.global_batch,
             dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size, seed=cfg.data.seed, prefetch=cfg.data.prefetch,
         )
-        self.model_cfg: ModelConfig = cfg.model_config(vocab_size=self.loader.vocab_size)
+        self.model_cfg: ModelConfig = cfg.model_for_data(self.loader.vocab_size)
+        if cfg.init_from:  # continued pretraining: the Hugging Face folder's shape (tasks/train/hf.py)
+            self.model_cfg = hf.model_config(hf.read_config(hf.local_folder(cfg.init_from)),
+                                             vocab_size=self.loader.vocab_size)
 
         # 3. Model: built on meta (no memory), split into this rank's pipeline stages, sharded,
         #    and only then allocated and initialised (layout-independently, from cfg.seed).
@@ -231,12 +235,16 @@ class Trainer:
         if self.resumed_from is not None:
             self.checkpointer.load(self.app_state, step=self.resumed_from)
             log.info("resumed from checkpoint step %d (%d tokens seen)", self.state.step, self.state.tokens)
+        elif cfg.init_from:  # a fresh run starts from the folder's weights, each rank reading only its shards
+            hf.load_into(self.model_parts, hf.local_folder(cfg.init_from))
+            log.info("initialised the model from %s", cfg.init_from)
 
         # 5. Fault tolerance: injected faults (tests), the loss guard and its skipped samples, stragglers.
         self.faults = FaultInjector.from_config(cfg.faults, self.run_dir, self.rank)
         self.loss_guard = LossGuard(cfg.loss_guard)
         self.skips = SkipList(self.run_dir, writer=self.rank == 0)
         self.stragglers = StragglerDetector(cfg.stragglers, self.run_dir, rank=self.rank, world_size=self.world_size)
+        self.stop_request = StopRequest(self.device)
 
         # 6. Metrics, and this process group's start for goodput accounting.
         self.compute_dtype = compute_dtype(cfg.parallel, self.device.type)
@@ -349,6 +357,9 @@ class Trainer:
             self.skips.advance(self.loader)
             iteration_start, blocked_before = time.perf_counter(), self.checkpointer.blocked_s
             record = self.train_step(step)
+            if self.stop_request.agreed() and step < last_step:  # SIGUSR1: checkpoint this step and stop
+                log.info("stop requested (SIGUSR1): final checkpoint at step %d", step)
+                last_step = step
             rejected = self.loss_guard.check(step, record["loss"])
             if rejected:  # every checkpoint passed the guard: roll back to the newest one
                 record["rolled_back_to"] = self._roll_back(step, rejected, record["loss"])
@@ -434,6 +445,7 @@ class Trainer:
         }
 
     def close(self) -> None:
+        self.stop_request.close()
         self.checkpointer.close()
         self.loader.close()
         self.metrics.close()
@@ -453,8 +465,9 @@ class Trainer:
 
 def describe_layout(cfg: TrainConfig, *, world_size: int, vocab_size: int) -> dict:
     """What a run would do on ``world_size`` ranks, without starting one: the layout, the derived
-    batch walk, and per-rank parameter, gradient and AdamW memory on the busiest pipeline rank
-    (fp32 master weights, grads and two moments; activations and gathered bf16 copies excluded)."""
+    batch walk and the exact parameter count of the busiest pipeline rank (the model is built on
+    meta and split as the trainer splits it). Raises ValueError for a layout the trainer refuses.
+    Memory per rank is the planner's model (``infra/memory.py``, ``smelt plan``), not repeated here."""
     dims = ParallelDims.from_config(cfg.parallel, world_size)
     model_cfg = cfg.model_config(vocab_size=vocab_size)
     with torch.device("meta"):
@@ -475,14 +488,11 @@ def describe_layout(cfg: TrainConfig, *, world_size: int, vocab_size: int) -> di
                 total += math.ceil(param.numel() / (tp * dims.dp_shard))
         return total
 
-    per_rank = max(local_params(parts) for parts in ranks)
-    gib = 4 / 2**30
     return {
         "layout": dims.describe(),
         "world_size": world_size,
-        "model": {"preset": cfg.model_preset, "params": model_cfg.num_params(),
+        "model": {"preset": cfg.model_preset, "params": model_cfg.num_params(), "vocab_size": model_cfg.vocab_size,
                   "flops_per_token": model_cfg.flops_per_token(cfg.data.seq_len)},
         "batch": {**dataclasses.asdict(batch), "tokens_per_step": batch.tokens_per_step},
-        "per_rank": {"params": per_rank, "param_gib": per_rank * gib, "grad_gib": per_rank * gib,
-                     "optimizer_gib": 2 * per_rank * gib, "total_gib": 4 * per_rank * gib},
+        "per_rank": {"params": max(local_params(parts) for parts in ranks)},
     }

@@ -5,7 +5,10 @@ from __future__ import annotations
 import _thread
 import json
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -14,6 +17,7 @@ from tasks.train.checkpoint import list_committed
 from tasks.train.launch import LaunchError, check_not_excluded, launch_torchrun, torchrun_command
 from tests.tasks.train.token_corpus import make_corpus
 
+REPO = Path(__file__).resolve().parents[3]
 TINY = {
     "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
     "data": {"seq_len": 16, "global_batch": 8},
@@ -95,3 +99,55 @@ def test_an_excluded_host_refuses_to_join_an_elastic_job_and_is_only_reported_ot
     assert "cannot run without its hosts" in reported[0]
     check_not_excluded(str(tmp_path / "no-list"), "1:2", reported.append)
     assert len(reported) == 1
+
+
+# -- user mistakes: one sentence before torchrun starts ------------------------------------------------
+
+BAD_LAUNCHES = {
+    "unknown preset": ({"model_preset": "nope"}, 2, "train.model_preset is 'nope'; choose one of tiny"),
+    "negative steps": ({"steps": -5}, 2, "train.steps must be at least 1, got -5"),
+    "batch not divisible by the ranks": ({"data": {"seq_len": 16, "global_batch": 7}}, 2,
+                                         "data.global_batch (7) must be divisible by the data-parallel size (2"),
+    "tp the ranks cannot hold": ({"parallel": {"tp": 4}}, 2, "tp"),
+    "vocabulary smaller than the data's": ({"model": {"vocab_size": 100}}, 2,
+                                           "model's vocabulary (100, from train.model.vocab_size or preset 'tiny') "
+                                           "is smaller than the data's tokenizer (256)"),
+    "mixture names not the data's": ({"data": {"seq_len": 16, "global_batch": 8, "mixture": {"web": 1.0}}}, 2,
+                                     "train.data.mixture names ['web'] but the data is ['main']"),
+    "zero ranks": ({}, 0, "launch.nproc must be at least 1, got 0"),
+}
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    return make_corpus(str(tmp_path_factory.mktemp("corpus") / "tokens"), tokens=4000)
+
+
+@pytest.mark.parametrize("name", BAD_LAUNCHES)
+def test_a_bad_value_is_one_sentence_before_torchrun_starts(tmp_path, small_corpus, name):
+    override, nproc, message = BAD_LAUNCHES[name]
+    config = {**TINY, "steps": 3, **override}
+    started = time.monotonic()
+    with pytest.raises(ValueError) as raised:
+        launch_torchrun(data={"main": small_corpus}, config=config, run_dir=str(tmp_path / "run"), nproc=nproc,
+                        timeout_s=60)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert not (tmp_path / "run").exists()  # nothing was prepared, so nothing was launched
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override, message", [
+    ("launch.nproc=0", "launch.nproc must be at least 1"),
+    ("train.model_preset=nope", "train.model_preset is 'nope'"),
+    ("train.model.vocab_size=100", "is smaller than the data's tokenizer (256)"),
+])
+def test_smelt_train_names_a_bad_value_in_one_sentence(tmp_path, small_corpus, override, message):
+    result = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--data", small_corpus, "--root",
+                             str(tmp_path), "--set", override], capture_output=True, text=True, timeout=120,
+                            cwd=REPO)
+    assert result.returncode == 2, result.stderr
+    error = " ".join(result.stderr.split())
+    assert error.startswith("error: ") and message in error and "Traceback" not in result.stderr
+    # (rich wraps the sentence at the terminal width; the test joins the lines)
+    assert not (tmp_path / "train").exists()

@@ -6,40 +6,41 @@ import json
 
 import pytest
 
-from tasks.config import ConfigError
-from tasks.train.main import load_config, main, parse_data
+from tasks.config import load
+from tasks.train.config import TrainConfig, parse_data
+from tasks.train.main import main
 from tests.tasks.train.token_corpus import make_corpus
 
 
 def test_a_lone_url_is_the_main_dataset():
-    assert parse_data("/data/tokens") == {"main": "file:///data/tokens"}
+    assert parse_data(["/data/tokens"]) == {"main": "file:///data/tokens"}
 
 
 def test_named_urls_make_a_mixture():
-    assert parse_data("web=s3://b/web,code=file:///c") == {"web": "s3://b/web", "code": "file:///c"}
+    assert parse_data(["web=s3://b/web", "code=file:///c"]) == {"web": "s3://b/web", "code": "file:///c"}
 
 
 def test_several_unnamed_urls_are_refused():
-    with pytest.raises(ConfigError, match="needs a name when several datasets are given"):
-        parse_data("/a,/b")
+    with pytest.raises(ValueError, match="needs a name when several datasets are given"):
+        parse_data(["/a", "/b"])
 
 
 def test_a_name_given_twice_is_refused():
-    with pytest.raises(ConfigError, match="names dataset 'web' twice"):
-        parse_data("web=/a,web=/b")
+    with pytest.raises(ValueError, match="names dataset 'web' twice"):
+        parse_data(["web=/a", "web=/b"])
 
 
 def test_a_run_config_contributes_its_train_section_and_overrides_apply(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('[tokenize]\nvocab_size = 4096\n[train]\nsteps = 7\n[train.data]\nseq_len = 64\n')
-    cfg = load_config(str(path), ["optim.lr=0.5", "parallel.tp=2"])
+    cfg = load(TrainConfig, str(path), ["optim.lr=0.5", "parallel.tp=2"], section="train")
     assert (cfg.steps, cfg.data.seq_len, cfg.optim.lr, cfg.parallel.tp) == (7, 64, 0.5, 2)
 
 
 def test_a_json_train_config_loads(tmp_path):
     path = tmp_path / "train.json"
     path.write_text(json.dumps({"steps": 3, "parallel": {"dp_shard": 2}}))
-    cfg = load_config(f"file://{path}", [])
+    cfg = load(TrainConfig, f"file://{path}", [], section="train")
     assert (cfg.steps, cfg.parallel.dp_shard) == (3, 2)
 
 
