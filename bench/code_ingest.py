@@ -7,7 +7,7 @@ else, tests and data files included, is read). The baseline, in the same run, li
 and reads and decodes the same files with nothing else: ``stage_vs_read`` is how many times longer
 the stage takes than reading alone. The fastest of ``--repeat`` runs of each counts.
 
-- ``files``: files listed (``read.records``); ``mb``: bytes of the files read / 1e6;
+- ``files``: files listed (``in``); ``mb``: bytes of the files read / 1e6;
 - ``files_per_s``, ``mb_per_s``: stage throughput on one core;
 - ``docs_out``: files kept; ``read_mb_per_s``: the baseline; ``stage_vs_read``: stage / baseline time.
 
@@ -63,13 +63,13 @@ def main() -> None:
     cfg.reader.skip_dirs = [*cfg.reader.skip_dirs, *EXCLUDED_DIRS]
     read_s, read_bytes = min(read_only(root, cfg) for _ in range(args.repeat))
     stage_s, manifest = min((stage_once(root, cfg) for _ in range(args.repeat)), key=lambda run: run[0])
-    files, mb = manifest.stats["read.records"], manifest.stats["bytes_in"] / 1e6
+    files, mb = manifest.stats["in"], manifest.stats["funnel.read.bytes_in"] / 1e6
     print(json.dumps({
         "files": files,
         "mb": round(mb, 2),
         "files_per_s": round(files / stage_s, 1),
         "mb_per_s": round(mb / stage_s, 2),
-        "docs_out": manifest.stats["docs_out"],
+        "docs_out": manifest.stats["out"],
         "read_mb_per_s": round(read_bytes / 1e6 / read_s, 2),
         "stage_vs_read": round(stage_s / read_s, 2),
     }))

@@ -133,8 +133,8 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    docs = int(stats.get("read.records", 0))
-    mb = stats.get("bytes_in", 0) / 1e6
+    docs = int(stats.get("in", 0))
+    mb = stats.get("funnel.read.bytes_in", 0) / 1e6
     print(json.dumps({
         "docs": docs,
         "mb": round(mb, 3),
@@ -143,12 +143,12 @@ def main() -> None:
         "workers": args.workers,
         "extract_share": round(stats.get("time.extract_s", 0.0) / one_s, 3),
         f"speedup_{args.workers}_workers": round(one_s / many_s, 2),
-        "docs_out": int(stats.get("docs_out", 0)),
+        "docs_out": int(stats.get("out", 0)),
         "files": len(inputs),
         "one_worker_s": round(one_s, 2),
         "one_worker_in_shards_s": round(stats.get("time.shard_s", 0.0), 2),
         f"{args.workers}_workers_s": round(many_s, 2),
-        "same_output": stats.get("docs_out") == many_stats.get("docs_out"),
+        "same_output": stats.get("out") == many_stats.get("out"),
         "input": source,
         "cpus": os.cpu_count(),
     }))

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks import datasets
-from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.stage import run_tokenize
 from tasks.tokenize.tokenizer import load_tokenizer, train_tokenizer
 from tasks.train.data import TokenLoader
@@ -110,10 +110,10 @@ def main() -> None:
 
     texts = stdlib_texts(args.mb)
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
-    cfg = TokenizeConfig(vocab_size=args.vocab_size, sample_docs=2000)
+    cfg, tokenizer_cfg = TokenizeConfig(), TokenizerConfig(vocab_size=args.vocab_size, sample_docs=2000)
     with tempfile.TemporaryDirectory(prefix="smelt-bench-") as tmp:
         docs = write_documents(os.path.join(tmp, "docs"), texts, args.shards)
-        tokenizer_url = train_tokenizer([docs], os.path.join(tmp, "tokenizer"), cfg, fingerprint="bench").meta["url"]
+        tokenizer_url = train_tokenizer([docs], os.path.join(tmp, "tokenizer"), tokenizer_cfg, fingerprint="bench").meta["url"]
         bare, stage = [], []
         for r in range(args.repeats):
             bare.append(time_encode_batch(tokenizer_url, texts))

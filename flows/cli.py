@@ -194,10 +194,12 @@ def tokenize(
     as_json: JsonOpt = False,
 ) -> None:
     """Encode documents into uint16/uint32 token shards with a held-out validation split."""
+    from flows.config import section
     from flows.tokens import tokenize_flow
 
     _stage_command(tokenize_flow, "tokenize", input, output, root, config, set_, as_json,
-                   tokenizer=tokenizer, dask_address=dask_address)
+                   tokenizer=tokenizer, dask_address=dask_address,
+                   tokenizer_config=section(_config(config, set_), "tokenizer"))
 
 
 @tokenizer_app.command("train")
@@ -213,8 +215,8 @@ def tokenizer_train(
     """Train a byte-level BPE tokenizer on a sample of documents."""
     from flows.tokens import tokenizer_flow
 
-    overrides = list(set_ or []) + ([f"tokenize.vocab_size={vocab_size}"] if vocab_size else [])
-    _stage_command(tokenizer_flow, "tokenize", input, output, root, config, overrides, as_json)
+    overrides = list(set_ or []) + ([f"tokenizer.vocab_size={vocab_size}"] if vocab_size else [])
+    _stage_command(tokenizer_flow, "tokenizer", input, output, root, config, overrides, as_json)
 
 
 @app.command()

@@ -97,7 +97,7 @@ def artifact_key(text: str) -> str:
 def publish_stats(stage: str, manifest: datasets.Manifest) -> None:
     """The stage's counters as a Prefect table artifact: the ordered funnel when the stage records one
     (documents in → out of every step, with drop reasons), else every counter."""
-    from tasks.ingest.stage import funnel
+    from tasks.counters import funnel
 
     if any(k.startswith("funnel.") for k in manifest.stats):
         rows = [{"step": name, "documents": count} for name, count in funnel(manifest)]

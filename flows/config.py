@@ -11,7 +11,7 @@ from tasks.dedup.config import DedupConfig
 from tasks.eval.config import EvalConfig
 from tasks.ingest.code.config import CodeIngestConfig
 from tasks.ingest.config import IngestConfig
-from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.train.config import TrainConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -33,6 +33,7 @@ class RunConfig:
     ingest: IngestConfig = field(default_factory=IngestConfig)
     ingest_code: CodeIngestConfig = field(default_factory=CodeIngestConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

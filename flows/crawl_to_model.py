@@ -57,8 +57,8 @@ def data_stages_pending(web: list[str], code: list[str], root: str, cfg: RunConf
         urls.append(code_url)
         deduped.append(dedup_output([code_fp], root, cfg.dedup))
     urls += [u for u, _ in deduped]
-    tok_url, tok_fp = tokenizer_output([fp for _, fp in deduped], root, cfg.tokenize)
-    urls += [tok_url] + [tokens_output([fp], tok_fp, root, cfg.tokenize)[0] for _, fp in deduped]
+    tok_url, tok_fp = tokenizer_output([fp for _, fp in deduped], root, cfg.tokenizer)
+    urls += [tok_url] + [tokens_output([fp], tok_fp, root, cfg.tokenize, cfg.tokenizer.special())[0] for _, fp in deduped]
     return any(datasets.read_manifest(u) is None for u in urls)
 
 
@@ -89,8 +89,9 @@ def crawl_to_model(inputs: list[str] | None = None, code_inputs: list[str] | Non
             branches["code"] = code_ingest_task(code_inputs, root, section(cfg, "ingest_code"), dask_address)
         deduped = {name: dedup_task([out["url"]], root, section(cfg, "dedup"), dask_address)
                    for name, out in branches.items()}
-        tokenizer = tokenizer_task([d["url"] for d in deduped.values()], root, section(cfg, "tokenize"))
-        tokens = {name: tokenize_task([d["url"]], tokenizer["url"], root, section(cfg, "tokenize"), dask_address)
+        tokenizer = tokenizer_task([d["url"] for d in deduped.values()], root, section(cfg, "tokenizer"))
+        tokens = {name: tokenize_task([d["url"]], tokenizer["url"], root, section(cfg, "tokenize"), dask_address,
+                                      tokenizer_config=section(cfg, "tokenizer"))
                   for name, d in deduped.items()}
     for name in branches:
         stages += [_label(branches[name], name), _label(deduped[name], name)]

@@ -8,6 +8,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import planned_output, run_on_dask
 from tasks import datasets
 from tasks.config import from_dict
+from tasks.counters import funnel
 from tasks.ingest.config import IngestConfig
 from tasks.ingest.langid import model_fingerprint, shipped_lid_model_path
 from tasks.ingest.readers import expand_inputs
@@ -15,7 +16,7 @@ from tasks.ingest.code.config import CodeIngestConfig
 from tasks.ingest.code.readers import expand_code_inputs
 from tasks.ingest.code.stage import STAGE as CODE_STAGE
 from tasks.ingest.code.stage import code_input_fingerprints, run_code_ingest
-from tasks.ingest.stage import STAGE, funnel, run_ingest
+from tasks.ingest.stage import STAGE, run_ingest
 
 
 def model_stamps(cfg: IngestConfig) -> list[str]:

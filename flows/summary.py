@@ -6,14 +6,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-DROP_PREFIX = "dropped."
-FAIL_PREFIX = "failed."
+from tasks.counters import REASONS
 
 
 def _reasons(stats: dict, limit: int = 4) -> str:
     """The largest drop/failure reasons, e.g. 'lang_not_kept 130, gopher_short_doc 41 (+3 more)'."""
     items = sorted(((k.split(".", 1)[1], v) for k, v in stats.items()
-                    if k.startswith((DROP_PREFIX, FAIL_PREFIX)) and v), key=lambda kv: -kv[1])
+                    if k.startswith(REASONS) and v), key=lambda kv: -kv[1])
     text = ", ".join(f"{k} {v:g}" for k, v in items[:limit])
     return text + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
@@ -24,14 +23,9 @@ def _kind(stage: dict) -> str:
 
 
 def _in_out(stage: dict) -> tuple[str, str]:
-    stats = stage["stats"]
-    docs_in = stats.get("docs_in", stats.get("read.records", ""))
-    docs_out = stats.get("docs_out", stage["rows"])
-    if _kind(stage) == "tokenize":
-        return f"{stats.get('docs.in', 0):,}", f"{stage['rows']:,} tokens"
-    if _kind(stage) in ("tokenizer", "train", "eval"):
-        return "", ""
-    return (f"{docs_in:,}" if isinstance(docs_in, (int, float)) else str(docs_in)), f"{docs_out:,}"
+    """The stage's ``in`` and ``out`` counters (the vocabulary of ``tasks.datasets.Stats``)."""
+    stats = stage.get("stats", {})
+    return tuple(f"{stats[k]:,}" if isinstance(stats.get(k), (int, float)) else "" for k in ("in", "out"))
 
 
 def render_funnel(stage: dict, console: Console) -> None:
@@ -40,7 +34,7 @@ def render_funnel(stage: dict, console: Console) -> None:
     table.add_column("step")
     table.add_column("documents", justify="right")
     for name, count in stage["funnel"]:
-        dropped = name.startswith(("dropped.", "failed."))
+        dropped = name.startswith(REASONS)
         table.add_row(f"  {name}" if dropped else name, f"−{count:,}" if dropped else f"{count:,}")
     console.print(table)
 
@@ -84,19 +78,18 @@ def render_run_summary(summary: dict, console: Console) -> None:
         result = _reasons(stage["stats"])
         if _kind(stage) == "train":
             s = stage["summary"]
-            result = f"{s['steps']} steps, loss {s['first_loss']:.3f} → {s['last_loss']:.3f}"
+            result = f"{s['steps']} steps, {s['tokens']:,} tokens, loss {s['first_loss']:.3f} → {s['last_loss']:.3f}"
             if s.get("resumed_from"):
                 result += f", resumed from step {s['resumed_from']}"
             if isinstance(s.get("goodput"), dict) and "goodput" in s["goodput"]:
                 result += f", goodput {s['goodput']['goodput']:.0%}"
-            records_out = f"{s['tokens']:,} tokens"
         elif _kind(stage) == "eval":
             st = stage["stats"]
             result = f"val loss {st['val_loss']:.3f}, perplexity {st['perplexity']:.1f}, bits/byte {st['bits_per_byte']:.3f}"
         elif _kind(stage) == "tokenizer":
-            result = f"vocab {stage['meta'].get('vocab_size', '?')}, trained on {stage['stats'].get('docs.sampled', 0):,} docs"
+            result = f"vocab {stage['meta'].get('vocab_size', '?')}"
         elif _kind(stage) == "tokenize":
-            result = f"{stage['stats'].get('tokens.val', 0):,} tokens held out for validation"
+            result = f"{stage['rows']:,} tokens, {stage['stats'].get('tokens.val', 0):,} held out for validation"
         table.add_row(escape(stage["stage"]), "reused" if stage["reused"] else "computed", records_in, records_out,
                       escape(result), f"{stage['seconds']:.1f}")
     console.print(table)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tasks.datasets import Stats
+from tasks.datasets import Manifest, Stats
 
 FUNNEL = "funnel."
 REASONS = ("dropped.", "failed.")
@@ -26,10 +26,10 @@ def merge_steps(step_stats: Mapping[str, Mapping[str, int | float]]) -> Stats:
             total.add(f"{FUNNEL}{name}.{key}", value)
             if key.startswith(REASONS):
                 total.add(key, value)
-    chain = list(step_stats.values())
-    if chain:
-        total.add("in", chain[0].get("in", 0))
-        total.add("out", chain[-1].get("out", 0))
+    counted = [stats for stats in step_stats.values() if stats]  # a disabled step counts nothing
+    if counted:
+        total.add("in", counted[0].get("in", 0))
+        total.add("out", counted[-1].get("out", 0))
     return total
 
 
@@ -38,10 +38,17 @@ def funnel_steps(stats: Mapping[str, int | float]) -> list[str]:
     return list(dict.fromkeys(k[len(FUNNEL):].split(".", 1)[0] for k in stats if k.startswith(FUNNEL)))
 
 
-def funnel(stats: Mapping[str, int | float], steps: list[str] | None = None) -> list[tuple[str, int]]:
+def funnel(source: Manifest | Mapping[str, int | float], steps: list[str] | None = None) -> list[tuple[str, int]]:
     """Rows for display: ``in``, then each step's ``out`` followed by its drop and failure reasons
-    (largest first, named ``dropped.<reason>`` / ``failed.<reason>``), then ``out``. ``steps`` gives
-    the order (a manifest's ``meta.steps``); without it, the order the counters appear in."""
+    (largest first, named ``dropped.<reason>`` / ``failed.<reason>``), then ``out``.
+
+    ``source`` is a manifest (its ``meta.steps`` gives the order) or merged stats (the order their
+    counters appear in, unless ``steps`` is given).
+    """
+    if isinstance(source, Manifest):
+        stats, steps = source.stats, steps or source.meta.get("steps")
+    else:
+        stats = source
     rows = [("in", int(stats.get("in", 0)))]
     for step in steps or funnel_steps(stats):
         prefix = f"{FUNNEL}{step}."

@@ -1,14 +1,17 @@
 """Pipeline steps for document stages: a step transforms a stream of documents and counts.
 
-Modelled on datatrove's PipelineStep/BaseFilter: a ``Step`` has a ``name`` and ``run(docs, stats)``
-that yields documents; a ``Filter`` answers one question per document through ``keep`` and the
-base class does the counting (``<name>.in``, ``<name>.kept``, ``dropped.<reason>``). Steps hold
-only config values so they pickle to Dask workers.
+Modelled on datatrove's PipelineStep/BaseFilter: a ``Step`` has a ``name`` and ``process(docs,
+stats)``; its ``run`` counts every document in and out (``in``, ``out``: the vocabulary of
+``tasks.datasets.Stats``, in the step's own ``Stats``, which the stage files under
+``funnel.<step>.``). A ``Filter`` answers one question per document through ``keep``; the base
+batches, counts (``dropped.<reason>``, ``skipped.<why>``) and writes rejects. Steps hold only
+config values so they pickle to Dask workers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from collections.abc import Iterable, Iterator
@@ -40,34 +43,74 @@ class Document:
         return cls(**row)
 
 
+def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    """Consecutive chunks of at most ``size`` documents, so a model can label many per call."""
+    iterator = iter(docs)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def _counted(docs: Iterable[Document], stats: Stats, key: str) -> Iterator[Document]:
+    for doc in docs:
+        stats.add(key)
+        yield doc
+
+
 class Step:
-    """One named transformation of a document stream."""
+    """One named transformation of a document stream; a disabled step passes documents uncounted."""
 
     name: str = "step"
+    enabled: bool = True
 
-    def run(self, docs: Iterable[Document], stats: Stats) -> Iterator[Document]:
+    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
+        """``process`` with every document counted ``in`` and ``out``; ``rejects`` (anything with
+        ``append``) receives the documents a filter drops."""
+        if not self.enabled:
+            return iter(docs)
+        return _counted(self.process(_counted(docs, stats, "in"), stats, rejects), stats, "out")
+
+    def process(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None) -> Iterator[Document]:
         raise NotImplementedError
 
 
 class Filter(Step):
-    """Keeps or drops each document; subclasses implement ``keep`` only.
+    """Keeps or drops each document; subclasses implement ``keep`` and, where needed, two hooks.
 
     ``keep`` returns True, False (dropped under ``<name>``) or ``(False, reason)``; reasons are
-    namespaced API strings such as ``gopher_short_doc``.
+    namespaced API strings such as ``gopher_short_doc``. ``skip_reason`` names documents the filter
+    does not judge (passed on, counted ``skipped.<why>``); ``prepare`` sees each batch of
+    ``batch_size`` documents first (one model call labels them all). ``count`` adds a counter of
+    the filter's own from inside ``keep``.
     """
+
+    batch_size: int = 1
 
     def keep(self, doc: Document) -> bool | tuple[bool, str]:
         raise NotImplementedError
 
-    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
-        for doc in docs:
-            stats.add(f"{self.name}.in")
-            verdict = self.keep(doc)
-            ok, reason = (verdict, self.name) if isinstance(verdict, bool) else verdict
-            if ok:
-                stats.add(f"{self.name}.kept")
-                yield doc
-            else:
+    def skip_reason(self, doc: Document) -> str | None:
+        return None
+
+    def prepare(self, docs: list[Document]) -> None:
+        """Work done once per batch before ``keep`` (e.g. labelling every document with a model)."""
+
+    def count(self, key: str, value: int | float = 1) -> None:
+        self._stats.add(key, value)
+
+    def process(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None) -> Iterator[Document]:
+        self._stats = stats
+        for batch in batched(docs, self.batch_size):
+            self.prepare(batch)
+            for doc in batch:
+                if why := self.skip_reason(doc):
+                    stats.add(f"skipped.{why}")
+                    yield doc
+                    continue
+                verdict = self.keep(doc)
+                ok, reason = (verdict, self.name) if isinstance(verdict, bool) else verdict
+                if ok:
+                    yield doc
+                    continue
                 stats.add(f"dropped.{reason}")
                 if rejects is not None:
                     doc.meta["dropped_by"] = reason

@@ -21,11 +21,10 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from tasks import datasets
-from tasks.datasets import Stats
 from tasks.ingest.base import Document
 from tasks.ingest.config import ClassifierConfig
 from tasks.ingest.langid import LABEL_PREFIX, load_fasttext_model, model_fingerprint, one_utf8_line, predict_top
-from tasks.ingest.text import ProseFilter, batched, is_code
+from tasks.ingest.text import ProseFilter, is_code
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +223,7 @@ class QualityClassifierFilter(ProseFilter):
     """Scores prose documents with the trained classifier and drops those below the threshold.
 
     Sets ``doc.quality_score`` to P(positive label); code documents keep NaN and pass
-    (``quality_classifier.skipped_code``). Reason: quality_classifier_low.
+    (``skipped.code``). Reason: quality_classifier_low.
     """
 
     name = "quality_classifier"
@@ -232,6 +231,7 @@ class QualityClassifierFilter(ProseFilter):
     def __init__(self, cfg: ClassifierConfig):
         self.cfg = cfg
         self.enabled = cfg.enabled
+        self.batch_size = cfg.batch_size
         self.model_stamp = ""
         if cfg.enabled:
             fs, path = datasets.filesystem(cfg.model_url)
@@ -251,16 +251,11 @@ class QualityClassifierFilter(ProseFilter):
         labels, probs = predict_top(model, [normalize_for_classifier(t, self.cfg) for t in texts], k=len(labels_in_model))
         return [min(dict(zip(row_labels, row_probs)).get(self.cfg.positive_label, 0.0), 1.0) for row_labels, row_probs in zip(labels, probs)]
 
-    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
-        if not self.enabled:
-            yield from docs
-            return
-        for chunk in batched(docs, self.cfg.batch_size):
-            prose = [doc for doc in chunk if not is_code(doc)]
-            if prose:
-                for doc, score in zip(prose, self.score([d.text for d in prose])):
-                    doc.quality_score = score
-            yield from super().run(chunk, stats, rejects)
+    def prepare(self, docs: list[Document]) -> None:
+        prose = [doc for doc in docs if not is_code(doc)]
+        if prose:
+            for doc, score in zip(prose, self.score([d.text for d in prose])):
+                doc.quality_score = score
 
     def keep(self, doc: Document) -> bool | tuple[bool, str]:
         if math.isnan(doc.quality_score) or doc.quality_score < self.cfg.threshold:

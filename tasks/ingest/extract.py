@@ -245,7 +245,7 @@ def _with_code(text: str, blocks: list[str], is_code_page: bool) -> str:
 class Extract(Step):
     """HTML documents (``meta.format == "html"``) → their main text; other documents pass through.
 
-    Counters: ``extract.in``, ``extract.kept``, ``extract.code_pages``, ``time.extract_s``;
+    Counters (besides ``in`` and ``out``): ``code_pages``, ``time.extract_s``;
     ``dropped.extract_too_large`` (HTML over ``max_html_bytes``), ``dropped.extract_timeout``,
     ``dropped.extract_empty`` (no main text), ``failed.extract_error`` (the parser raised).
     """
@@ -255,12 +255,11 @@ class Extract(Step):
     def __init__(self, cfg: ExtractConfig):
         self.cfg = cfg
 
-    def run(self, docs: Iterable[Document], stats: Stats) -> Iterator[Document]:
+    def process(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None) -> Iterator[Document]:
         for doc in docs:
             if doc.meta.get("format") != "html":
                 yield doc
                 continue
-            stats.add("extract.in")
             # characters ≤ UTF-8 bytes: the first test spares encoding a huge page
             if len(doc.text) > self.cfg.max_html_bytes or len(doc.text.encode("utf-8", "replace")) > self.cfg.max_html_bytes:
                 stats.add("dropped.extract_too_large")
@@ -285,6 +284,5 @@ class Extract(Step):
             doc.text = text
             doc.meta["format"] = "code" if is_code_page else "text"
             if is_code_page:
-                stats.add("extract.code_pages")
-            stats.add("extract.kept")
+                stats.add("code_pages")
             yield doc

@@ -19,14 +19,12 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tasks import datasets
-from tasks.datasets import Stats
 from tasks.ingest.base import Document
 from tasks.ingest.config import LangIdConfig
-from tasks.ingest.text import ProseFilter, batched
+from tasks.ingest.text import ProseFilter
 
 log = logging.getLogger(__name__)
 
@@ -118,11 +116,11 @@ def predict_top(model: Any, texts: list[str], k: int = 1) -> tuple[list[list[str
     )
 
 
-class LanguageFilter(ProseFilter):
+class LangIdFilter(ProseFilter):
     """Labels every document with ``lang`` and ``lang_score``; keeps the configured languages.
 
     Reasons: lang_not_kept (top language not in keep_languages), lang_low_score (below min_score).
-    Code documents are labelled but never dropped (``lang.skipped_code``).
+    Code documents are labelled but never dropped (``skipped.code``).
     """
 
     name = "lang"
@@ -130,6 +128,7 @@ class LanguageFilter(ProseFilter):
     def __init__(self, cfg: LangIdConfig):
         self.cfg = cfg
         self.enabled = cfg.enabled
+        self.batch_size = cfg.batch_size
         # Fail early, in the driver, when the model is missing. The shipped file never changes.
         if cfg.model_path:
             self.model_stamp = model_fingerprint(cfg.model_path)
@@ -138,21 +137,13 @@ class LanguageFilter(ProseFilter):
             self.model_stamp = ""
         self.keep_languages = frozenset(cfg.keep_languages)
 
-    def label(self, docs: list[Document]) -> None:
+    def prepare(self, docs: list[Document]) -> None:
         # resolved in each process: a Dask worker's site-packages may live elsewhere than the driver's
         model = load_fasttext_model(self.cfg.model_path or shipped_lid_model_path(), self.model_stamp)
         labels, probs = predict_top(model, [d.text for d in docs])
         for doc, (lang,), (score,) in zip(docs, labels, probs):
             doc.lang = lang
             doc.lang_score = min(score, 1.0)  # fastText's softmax can round a hair above 1
-
-    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
-        if not self.enabled:
-            yield from docs
-            return
-        for chunk in batched(docs, self.cfg.batch_size):
-            self.label(chunk)
-            yield from super().run(chunk, stats, rejects)
 
     def keep(self, doc: Document) -> bool | tuple[bool, str]:
         if self.keep_languages and doc.lang not in self.keep_languages:

@@ -48,14 +48,15 @@ def is_maskable_ip(candidate: str, only_public: bool) -> bool:
 class PIIMasker(Step):
     """Masks e-mail and IP addresses in ``doc.text``.
 
-    Counters: ``pii.in``, ``pii.emails_masked``, ``pii.ips_masked`` (IPv4 and IPv6),
-    ``pii.docs_with_pii`` (documents where anything was masked).
+    Counters: ``emails_masked``, ``ips_masked`` (IPv4 and IPv6), ``docs_with_pii`` (documents
+    where anything was masked).
     """
 
     name = "pii"
 
     def __init__(self, cfg: PIIConfig):
         self.cfg = cfg
+        self.enabled = cfg.enabled
 
     def mask(self, text: str) -> tuple[str, int, int]:
         """(masked text, e-mails masked, IPs masked)."""
@@ -88,15 +89,11 @@ class PIIMasker(Step):
             text = IPV4_RE.sub(mask_ip(cfg.ipv4_replacements), text)
         return text, emails, ips
 
-    def run(self, docs: Iterable[Document], stats: Stats) -> Iterator[Document]:
-        if not self.cfg.enabled:
-            yield from docs
-            return
+    def process(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None) -> Iterator[Document]:
         for doc in docs:
-            stats.add(f"{self.name}.in")
             doc.text, emails, ips = self.mask(doc.text)
             if emails or ips:
-                stats.add(f"{self.name}.docs_with_pii")
-                stats.add(f"{self.name}.emails_masked", emails)
-                stats.add(f"{self.name}.ips_masked", ips)
+                stats.add("docs_with_pii")
+                stats.add("emails_masked", emails)
+                stats.add("ips_masked", ips)
             yield doc

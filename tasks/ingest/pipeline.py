@@ -1,13 +1,12 @@
-"""One ingest work item: an input file → a document shard, streamed through the step chain.
+"""One ingest work item, web or code: an input → a document shard, streamed through a step chain.
 
-read → URL filter → extract → language → Gopher repetition → Gopher quality → C4 → FineWeb →
-(quality classifier) → PII masking → ``docs-NNNNN.parquet``; FineWeb's order, so the cheap URL
-check runs before extraction and PII masking runs on what is kept.
-
-Besides each step's own counters, the shard's stats hold the funnel: ``funnel.<step>.out`` (documents
-leaving the step) and ``funnel.<step>.<dropped|failed>.<reason>`` (what the step removed), so
-``stage.funnel`` can show every drop under the step that made it. Shards are written with a fixed
-row-group size and no timestamps, so a redone shard is byte-identical.
+Web: read → URL filter → extract → language → Gopher repetition → Gopher quality → C4 → FineWeb →
+(quality classifier) → PII masking (FineWeb's order, so the cheap URL check runs before extraction
+and PII masking runs on what is kept). Code: read → the rules of ``tasks/ingest/code/stage.py``.
+Both run through ``ingest_item``: the reader and every step count into a ``Stats`` of their own,
+merged into the shard's stats under ``funnel.<step>.`` (``tasks.counters``), plus ``lang.<lang>``
+(documents written per language) and ``time.shard_s``. Shards are written with a fixed row-group
+size and no timestamps, so a redone shard is byte-identical.
 """
 
 from __future__ import annotations
@@ -16,11 +15,12 @@ import dataclasses
 import functools
 import hashlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from tasks import datasets
+from tasks.counters import merge_steps
 from tasks.datasets import ShardInfo, ShardResult, Stats
-from tasks.ingest.base import Document, Filter, Step
+from tasks.ingest.base import Document, Step
 from tasks.ingest.config import IngestConfig, OutputConfig
 from tasks.ingest.readers import read_documents
 
@@ -32,7 +32,7 @@ def build_steps(cfg: IngestConfig) -> list[Step]:
     """The enabled document steps, in order, each built from its own config section."""
     from tasks.ingest.classifier import QualityClassifierFilter
     from tasks.ingest.extract import Extract
-    from tasks.ingest.langid import LanguageFilter
+    from tasks.ingest.langid import LangIdFilter
     from tasks.ingest.pii import PIIMasker
     from tasks.ingest.quality import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
     from tasks.ingest.urlfilter import URLFilter
@@ -40,7 +40,7 @@ def build_steps(cfg: IngestConfig) -> list[Step]:
     chain = [
         (cfg.url_filter.enabled, URLFilter, cfg.url_filter),
         (True, Extract, cfg.extract),
-        (cfg.lang.enabled, LanguageFilter, cfg.lang),
+        (cfg.lang.enabled, LangIdFilter, cfg.lang),
         (cfg.gopher_repetition.enabled, GopherRepetitionFilter, cfg.gopher_repetition),
         (cfg.gopher_quality.enabled, GopherQualityFilter, cfg.gopher_quality),
         (cfg.c4.enabled, C4QualityFilter, cfg.c4),
@@ -59,42 +59,7 @@ def shard_name(shard_index: int) -> str:
     return f"docs-{shard_index:05d}.parquet"
 
 
-# --------------------------------------------------------------------------------------------
-# Running the chain
-
-
-def _counted(docs: Iterable[Document], counter: Stats, key: str) -> Iterator[Document]:
-    for doc in docs:
-        counter.add(key)
-        yield doc
-
-
-def run_steps(
-    docs: Iterable[Document], steps: list[Step], step_stats: dict[str, Stats], rejects=None
-) -> Iterator[Document]:
-    """Chain ``steps`` lazily over ``docs``; each step counts into its own ``step_stats[name]``.
-
-    ``rejects`` (anything with ``append``) receives the documents filters drop.
-    """
-    for step in steps:
-        stats = step_stats.setdefault(step.name, Stats())
-        docs = step.run(docs, stats, rejects) if isinstance(step, Filter) else step.run(docs, stats)
-        docs = _counted(docs, stats, f"funnel.{step.name}.out")
-    return docs
-
-
-def merge_step_stats(step_stats: dict[str, Stats]) -> Stats:
-    """All steps' counters, plus ``funnel.<step>.<reason>`` attributing each drop to its step."""
-    total = Stats()
-    for name, stats in step_stats.items():
-        total += stats
-        for key, value in stats.items():
-            if key.startswith(("dropped.", "failed.")):
-                total.add(f"funnel.{name}.{key}", value)
-    return total
-
-
-class ParquetSink:
+class DocumentSink:
     """Appends documents to a Parquet file in row groups of a fixed size (deterministic bytes)."""
 
     def __init__(self, f, cfg: OutputConfig):
@@ -125,70 +90,73 @@ class ParquetSink:
         return self.rows
 
 
-def write_parquet(docs: Iterable[Document], cfg: OutputConfig, f) -> int:
-    """Write ``docs`` to the open file ``f`` as a document shard; returns the row count."""
-    sink = ParquetSink(f, cfg)
-    for doc in docs:
-        sink.append(doc)
-    return sink.close()
-
-
 # --------------------------------------------------------------------------------------------
 # One work item
 
 
-def ingest_shard(input_url: str, output_url: str, shard_index: int, cfg: IngestConfig) -> ShardResult:
-    """Read, filter and write one input file as shard ``docs-<shard_index>.parquet`` of ``output_url``.
+Reader = Callable[[Stats], Iterable[Document]]  # documents of one input, counted into the given Stats
 
-    Idempotent (``datasets.run_shard``): a finished shard is reused, an unfinished one is redone
-    from scratch and comes out byte-identical. With ``output.write_exclusions`` the documents the
-    filters drop go to ``<output_url>/excluded/<same name>`` with ``meta.dropped_by`` (the shard's
-    info has ``extra.excluded``); records that fail reading or extraction hold no text worth
-    inspecting and are only counted.
+
+def ingest_item(index: int, input_key: str, read: Reader, steps: list[Step], output_url: str, cfg) -> ShardResult:
+    """Read, filter and write one input as shard ``docs-<index>.parquet`` of ``output_url``.
+
+    ``input_key`` names the input and ``cfg`` is the stage's whole config (both go into the
+    shard's completion key); ``cfg.output`` says how to write. Idempotent (``datasets.run_shard``):
+    a finished shard is reused, an unfinished one is redone from scratch and comes out
+    byte-identical. With ``output.write_exclusions`` the documents the filters drop go to
+    ``<output_url>/excluded/<same name>`` with ``meta.dropped_by`` (the shard's info has
+    ``extra.excluded``); records that fail reading hold nothing worth inspecting and are only counted.
     """
-    name = shard_name(shard_index)
-    work = functools.partial(_ingest_file, input_url, output_url, name, cfg)
-    return datasets.run_shard(output_url, work_key(name, input_url, cfg), work)
+    name = shard_name(index)
+    work = functools.partial(_ingest, read, steps, output_url, name, cfg.output)
+    return datasets.run_shard(output_url, work_key(name, input_key, cfg), work)
 
 
-def work_key(name: str, input_url: str, cfg: IngestConfig) -> str:
+def work_key(name: str, input_key: str, cfg) -> str:
     """The shard's completion key: a marker left by another input or config is never reused."""
-    blob = datasets.canonical_json([input_url, dataclasses.asdict(cfg)])
+    blob = datasets.canonical_json([input_key, dataclasses.asdict(cfg)])
     return f"{name.removesuffix('.parquet')}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
-def ingest_work_item(item: tuple[int, str], output_url: str, cfg: IngestConfig) -> ShardResult:
-    """``ingest_shard`` over an ``(index, input URL)`` pair: the unit a ``MapFn`` fans out."""
-    index, input_url = item
-    return ingest_shard(input_url, output_url, index, cfg)
+def web_item(item: tuple[int, str], output_url: str, cfg: IngestConfig) -> ShardResult:
+    """``ingest_item`` for the web stage over an ``(index, input URL)`` pair: what a ``MapFn`` fans out."""
+    index, url = item
+    return ingest_item(index, url, functools.partial(read_documents, url, cfg.reader), build_steps(cfg), output_url, cfg)
 
 
-def _ingest_file(input_url: str, output_url: str, name: str, cfg: IngestConfig) -> ShardResult:
+def run_steps(docs: Iterable[Document], steps: list[Step], step_stats: dict[str, Stats], rejects=None) -> Iterator[Document]:
+    """Chain ``steps`` lazily over ``docs``; each step counts into its own ``step_stats[name]``.
+
+    ``rejects`` (anything with ``append``) receives the documents filters drop.
+    """
+    for step in steps:
+        docs = step.run(docs, step_stats.setdefault(step.name, Stats()), rejects)
+    return docs
+
+
+def _ingest(read: Reader, steps: list[Step], output_url: str, name: str, cfg: OutputConfig) -> ShardResult:
     started = time.perf_counter()
-    steps = build_steps(cfg)
     step_stats: dict[str, Stats] = {READ_STEP: Stats()}
-    read_stats = step_stats[READ_STEP]
-    docs = _counted(read_documents(input_url, cfg.reader, read_stats), read_stats, f"funnel.{READ_STEP}.out")
-    if cfg.output.write_exclusions:
-        shards = list(_write_with_exclusions(docs, steps, step_stats, output_url, name, cfg.output))
-    else:
-        write = functools.partial(write_parquet, run_steps(docs, steps, step_stats), cfg.output)
-        shards = [datasets.write_shard(output_url, name, write)]
-    stats = merge_step_stats(step_stats)
-    stats.add("docs_out", shards[0].rows)
-    stats.add("time.shard_s", time.perf_counter() - started)
-    return ShardResult(shards, stats)
+    written = Stats()  # documents written per language
+    shards: list[ShardInfo] = []
 
+    def write_kept(f, rejects: DocumentSink | None = None) -> int:
+        sink = DocumentSink(f, cfg)
+        for doc in run_steps(read(step_stats[READ_STEP]), steps, step_stats, rejects):
+            written.add(f"lang.{doc.lang or 'unknown'}")
+            sink.append(doc)
+        return sink.close()
 
-def _write_with_exclusions(docs, steps, step_stats, output_url: str, name: str, cfg: OutputConfig) -> tuple[ShardInfo, ShardInfo]:
-    """(kept shard, excluded shard) in one pass: the kept shard is written while the excluded one is open."""
-    kept: list[ShardInfo] = []
-
-    def write_excluded(g) -> int:
-        rejects = ParquetSink(g, cfg)
-        write = functools.partial(write_parquet, run_steps(docs, steps, step_stats, rejects), cfg)
-        kept.append(datasets.write_shard(output_url, name, write))
+    def write_both(g) -> int:  # the kept shard is written while the excluded one is open
+        rejects = DocumentSink(g, cfg)
+        shards.append(datasets.write_shard(output_url, name, functools.partial(write_kept, rejects=rejects)))
         return rejects.close()
 
-    excluded = datasets.write_shard(datasets.join(output_url, EXCLUDED), name, write_excluded)
-    return kept[0], dataclasses.replace(excluded, name=f"{EXCLUDED}/{name}", extra={"excluded": True})
+    if cfg.write_exclusions:
+        excluded = datasets.write_shard(datasets.join(output_url, EXCLUDED), name, write_both)
+        shards.append(dataclasses.replace(excluded, name=f"{EXCLUDED}/{name}", extra={"excluded": True}))
+    else:
+        shards.append(datasets.write_shard(output_url, name, write_kept))
+    stats = merge_steps(step_stats) + written
+    stats.add("time.shard_s", time.perf_counter() - started)
+    return ShardResult(shards, stats)

@@ -18,9 +18,7 @@ import itertools
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
 
-from tasks.datasets import Stats
 from tasks.ingest.base import Document
 from tasks.ingest.config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 from tasks.ingest.text import (
@@ -214,7 +212,7 @@ class C4QualityFilter(ProseFilter):
 
     Lines are removed (the document is kept, its text rewritten with the remaining lines) when
     they hold an over-long word, lack terminal punctuation, have too few words, mention javascript
-    or a cookie/terms policy; each removal is counted as ``c4_quality.lines_removed.<why>``.
+    or a cookie/terms policy; each removal is counted as ``lines_removed.<why>``.
     Whole documents are dropped for: c4_lorem_ipsum, c4_curly_bracket (anywhere on the page, as the
     paper says) and c4_too_few_sentences (counted over the lines kept).
     """
@@ -224,11 +222,6 @@ class C4QualityFilter(ProseFilter):
     def __init__(self, cfg: C4Config):
         self.cfg = cfg
         self.enabled = cfg.enabled
-        self._stats = Stats()  # the stream's stats while run() is active; keep() counts removed lines there
-
-    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
-        self._stats = stats
-        yield from super().run(docs, stats, rejects)
 
     def keep(self, doc: Document) -> bool | tuple[bool, str]:
         cfg = self.cfg
@@ -240,7 +233,7 @@ class C4QualityFilter(ProseFilter):
 
         kept, sentences, removed = c4_clean_lines(doc.text, cfg)
         for why, count in removed.items():
-            self._stats.add(f"{self.name}.lines_removed.{why}", count)
+            self.count(f"lines_removed.{why}", count)
         # at least min_sentences sentences must survive line removal
         if not kept or sentences < cfg.min_sentences:
             return False, "c4_too_few_sentences"

@@ -11,9 +11,9 @@ gzip reader raises on a truncated file where warcio's own decompressor stops sil
 offsets are therefore positions in the uncompressed stream.
 
 Data faults are counted and skipped, never raised (DESIGN.md §3). Counters:
-``read.records`` (candidate records: WARC responses, WET conversions, JSONL lines, Parquet rows),
-``read.docs`` (documents yielded), ``read.other_records`` (WARC request/metadata/… records),
-``read.decoded_with_replacements`` (pages kept with a few undecodable bytes replaced),
+``in`` (candidate records: WARC responses, WET conversions, JSONL lines, Parquet rows),
+``out`` (documents yielded), ``other_records`` (WARC request/metadata/… records),
+``decoded_with_replacements`` (pages kept with a few undecodable bytes replaced),
 ``dropped.read_{non_html,http_status,empty,too_large,undecodable}``,
 ``failed.read_{truncated_gzip,truncated_zstd,corrupt_file,bad_record}``, ``bytes_in``.
 Network and permission errors are not data faults: they raise, so the work item is retried.
@@ -264,12 +264,12 @@ def _read_archive(url: str, cfg: ReaderConfig, stats: Stats, record_type: str) -
         try:
             for record in archive:
                 if record.rec_type != record_type:
-                    stats.add("read.other_records")
+                    stats.add("other_records")
                     continue
-                stats.add("read.records")
+                stats.add("in")
                 doc = _record_document(url, archive, record, cfg, stats)
                 if doc is not None:
-                    stats.add("read.docs")
+                    stats.add("out")
                     yield doc
         except EOFError:
             pass  # counted below from the watch: the compressed stream ended early
@@ -368,7 +368,7 @@ def _record_document(url: str, archive: Any, record: Any, cfg: ReaderConfig, sta
         return None
     text, charset, replaced = decoded
     if replaced:
-        stats.add("read.decoded_with_replacements")
+        stats.add("decoded_with_replacements")
     offset = archive.get_record_offset()
     record_id = headers.get_header("WARC-Record-ID") or ""
     meta: dict[str, Any] = {
@@ -420,14 +420,14 @@ def read_jsonl(url: str, cfg: ReaderConfig, stats: Stats) -> Iterator[Document]:
     for line_no, record in read_json_lines(url, cfg.max_payload_bytes, stats, prefix="read", truncated=truncated):
         doc = _row_document(url, line_no, record, stats)
         if doc is not None:
-            stats.add("read.docs")
+            stats.add("out")
             yield doc
 
 
 def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str, truncated: str) -> Iterator[tuple[int, Any]]:
     """(line number, parsed object) of each line of a JSONL file (plain, .gz or .zst), streamed.
 
-    Counts ``read.records``; skips an oversize line (``dropped.<prefix>_too_large``), undecodable
+    Counts ``in``; skips an oversize line (``dropped.<prefix>_too_large``), undecodable
     bytes (``dropped.<prefix>_undecodable``) and malformed JSON (``failed.<prefix>_bad_record``); a
     truncated or corrupt compressed stream ends the file (``failed.<truncated>``,
     ``failed.<prefix>_corrupt_file``) keeping every line read before it.
@@ -438,7 +438,7 @@ def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str,
             for line_no, line in enumerate(_bounded_lines(f, max_line_bytes)):
                 if line is not None and not line.strip():
                     continue
-                stats.add("read.records")
+                stats.add("in")
                 if line is None:
                     stats.add(f"dropped.{prefix}_too_large")
                     continue
@@ -483,7 +483,7 @@ def read_parquet(url: str, cfg: ReaderConfig, stats: Stats) -> Iterator[Document
         if isinstance(text, str) and len(text.encode()) > cfg.max_payload_bytes:
             stats.add("dropped.read_too_large")
         elif (doc := _row_document(url, row, record, stats)) is not None:
-            stats.add("read.docs")
+            stats.add("out")
             yield doc
 
 
@@ -491,7 +491,7 @@ def read_parquet_rows(url: str, required: str, columns: Sequence[str], stats: St
                       batch_size: int) -> Iterator[tuple[int, dict]]:
     """(row number, record) of a Parquet file, streamed by batches of the wanted ``columns``.
 
-    Counts ``read.records``. An unreadable file, a file without the ``required`` column, or corrupt
+    Counts ``in``. An unreadable file, a file without the ``required`` column, or corrupt
     data part-way (which ends the file, keeping the rows before it) count as ``failed.<prefix>_corrupt_file``.
     """
     import pyarrow as pa
@@ -514,7 +514,7 @@ def read_parquet_rows(url: str, required: str, columns: Sequence[str], stats: St
             for batch in parquet.iter_batches(batch_size=batch_size,
                                               columns=[c for c in dict.fromkeys(columns) if c in names]):
                 for record in batch.to_pylist():
-                    stats.add("read.records")
+                    stats.add("in")
                     yield row, record
                     row += 1
         except (pa.ArrowException, OSError) as e:

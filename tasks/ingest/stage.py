@@ -1,21 +1,22 @@
-"""The ingest stage: raw crawl files → a ``documents`` dataset (DESIGN.md §3).
+"""The ingest stage: raw crawl files → a ``documents`` dataset (DESIGN.md §3); and what code ingest shares.
 
 One work item per input file, fanned out with ``map_fn``; each is idempotent, so a retried stage
-or a killed Dask worker redoes only unfinished files. The manifest's stats give the funnel:
-records in, documents out of every step, every drop and failure reason, ``docs_out``, ``bytes_in``.
+or a killed Dask worker redoes only unfinished files. The manifest's stats give the funnel
+(``tasks.counters.funnel``): ``in`` (records read), what every step let through and why it dropped
+the rest (``funnel.<step>.``), ``out`` (documents written), ``funnel.read.bytes_in``.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Sequence
 
 from tasks import datasets
-from tasks.datasets import Manifest, ShardResult, Stats
+from tasks.datasets import Manifest, ShardInfo, ShardResult, Stats
 from tasks.ingest.config import IngestConfig
-from tasks.ingest.pipeline import EXCLUDED, build_steps, ingest_work_item, step_names
-from tasks.ingest.readers import InputError, expand_inputs
+from tasks.ingest.pipeline import EXCLUDED, build_steps, step_names, web_item
+from tasks.ingest.readers import InputError
 from tasks.parallel import MapFn, serial_map
 
 STAGE = "ingest"
@@ -23,28 +24,34 @@ log = logging.getLogger(__name__)
 
 
 def run_ingest(
-    inputs: list[str], output_url: str, cfg: IngestConfig, *, fingerprint: str, map_fn: MapFn = serial_map
+    urls: list[str], output_url: str, cfg: IngestConfig, *, fingerprint: str, map_fn: MapFn = serial_map
 ) -> Manifest:
-    """Ingest ``inputs`` (URLs, globs or folders) into the documents dataset at ``output_url``.
+    """Ingest the input files ``urls`` (as ``readers.expand_inputs`` lists them: the caller has
+    expanded them once, to fingerprint them) into the documents dataset at ``output_url``.
 
-    Returns the committed manifest (``meta.steps`` names the steps in order for ``funnel``). With
+    Returns the committed manifest (``meta.steps`` names the steps in order for the funnel). With
     ``output.write_exclusions`` the dropped documents form a second dataset at ``<output>/excluded``.
     """
     output_url = datasets.normalize_url(output_url)
     if (existing := datasets.finished_dataset(output_url, fingerprint)) is not None:
         return existing
-    urls = expand_inputs(inputs)
     if not urls:
         raise InputError("no input files given: pass WARC, WET, JSONL or Parquet URLs, globs or folders")
     names = step_names(build_steps(cfg))  # also validates the steps' config (e.g. block lists exist) up front
-    work = functools.partial(ingest_work_item, output_url=output_url, cfg=cfg)
-    results: list[ShardResult] = map_fn(work, list(enumerate(urls)), label=STAGE)
+    work = functools.partial(web_item, output_url=output_url, cfg=cfg)
+    return run_work_items(STAGE, urls, work, output_url, fingerprint, urls, cfg, {"steps": names}, map_fn=map_fn)
 
+
+def run_work_items(label: str, items: Sequence, work: Callable[[tuple[int, object]], ShardResult], output_url: str,
+                   fingerprint: str, urls: list[str], cfg, meta: dict, *, stats: Stats | None = None,
+                   map_fn: MapFn = serial_map) -> Manifest:
+    """Run ``work`` over ``(index, item)`` pairs and commit the documents they wrote (web and code
+    ingest alike); ``stats`` holds counters of the planning, added to the shards' own."""
+    results: list[ShardResult] = map_fn(work, list(enumerate(items)), label=label)
     _remove_partial_files(output_url)
-    stats = sum((r.stats for r in results), Stats())
-    manifest = commit_documents(output_url, fingerprint, results, stats, urls, cfg, {"steps": names})
-    log.info("ingest: %d files, %d records → %d documents", len(urls), stats.get("read.records", 0),
-             stats.get("docs_out", 0))
+    total = sum((r.stats for r in results), stats or Stats())
+    manifest = _commit_documents(output_url, fingerprint, results, total, urls, cfg, meta)
+    log.info("%s: %d work items, %d records → %d documents", label, len(items), total.get("in", 0), total.get("out", 0))
     return manifest
 
 
@@ -57,36 +64,17 @@ def _remove_partial_files(output_url: str) -> None:
             fs.rm(leftover)
 
 
-def commit_documents(output_url: str, fingerprint: str, results: list[ShardResult], stats: Stats,
-                     urls: list[str], cfg, meta: dict) -> Manifest:
+def _commit_documents(output_url: str, fingerprint: str, results: list[ShardResult], stats: Stats,
+                      urls: list[str], cfg, meta: dict) -> Manifest:
     """Commit the kept documents, and first (with ``output.write_exclusions``) the dropped ones as a
     dataset of their own at ``<output>/excluded``."""
     kept = [s for r in results for s in r.shards if not s.extra.get("excluded")]
     if cfg.output.write_exclusions:
         excluded = [
-            datasets.ShardInfo(s.name.removeprefix(f"{EXCLUDED}/"), s.rows, s.bytes, s.checksum)
+            ShardInfo(s.name.removeprefix(f"{EXCLUDED}/"), s.rows, s.bytes, s.checksum)
             for r in results for s in r.shards if s.extra.get("excluded")
         ]
         datasets.commit(datasets.join(output_url, EXCLUDED), "documents", fingerprint, excluded,
-                        {"docs_out": sum(s.rows for s in excluded)}, inputs=urls, config=cfg,
+                        {"out": sum(s.rows for s in excluded)}, inputs=urls, config=cfg,
                         meta={**meta, "excluded_from": output_url})
     return datasets.commit(output_url, "documents", fingerprint, kept, stats, inputs=urls, config=cfg, meta=meta)
-
-
-def funnel(manifest: Manifest | Mapping) -> list[tuple[str, int]]:
-    """Rows for display: records in, then each step's documents out followed by its drop reasons
-    (largest first), then ``docs_out``. A reason row is named ``dropped.<reason>`` or ``failed.<reason>``.
-    """
-    stats = manifest.stats if isinstance(manifest, Manifest) else manifest
-    steps = manifest.meta.get("steps") if isinstance(manifest, Manifest) else None
-    if not steps:  # stats alone: the steps in the order their counters appear
-        steps = list(dict.fromkeys(k.split(".")[1] for k in stats if k.startswith("funnel.")))
-    rows = [("read.records", int(stats.get("read.records", 0)))]
-    for step in steps:
-        prefix = f"funnel.{step}."
-        rows.append((step, int(stats.get(prefix + "out", 0))))
-        reasons = [(k[len(prefix):], int(v)) for k, v in stats.items() if k.startswith(prefix) and k != prefix + "out"]
-        rows.extend(sorted(reasons, key=lambda kv: (-kv[1], kv[0])))
-    rows.append(("docs_out", int(stats.get("docs_out", 0))))
-    return rows
-

@@ -11,11 +11,9 @@ default.
 from __future__ import annotations
 
 import functools
-import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
-from tasks.datasets import Stats
 from tasks.ingest.base import Document, Filter
 
 WORD_RE = re.compile(r"\w+(?:['’.\-]\w+)*")
@@ -76,33 +74,13 @@ def duplicates(items: Iterable[str]) -> tuple[int, int]:
     return count, chars
 
 
-def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
-    """Consecutive chunks of at most ``size`` documents, so a model can label many per call."""
-    iterator = iter(docs)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
-
-
 def is_code(doc: Document) -> bool:
     return doc.source == "code" or doc.meta.get("format") == "code"
 
 
 class ProseFilter(Filter):
-    """A filter whose rules are about natural-language prose.
+    """A filter whose rules are about natural-language prose: code documents pass unjudged
+    (``skipped.code``). Subclasses set ``enabled`` from config."""
 
-    Code documents pass through unjudged and are counted as ``<name>.skipped_code``; a disabled
-    filter passes everything through without counting. Subclasses set ``enabled`` from config.
-    """
-
-    enabled: bool = True
-
-    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
-        if not self.enabled:
-            yield from docs
-            return
-        for doc in docs:
-            if is_code(doc):
-                stats.add(f"{self.name}.skipped_code")
-                yield doc
-            else:
-                yield from Filter.run(self, (doc,), stats, rejects)
+    def skip_reason(self, doc: Document) -> str | None:
+        return "code" if is_code(doc) else None

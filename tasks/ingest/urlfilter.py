@@ -10,11 +10,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterable, Iterator
 from urllib.parse import urlsplit
 
 from tasks import datasets
-from tasks.datasets import Stats
 from tasks.ingest.base import Document, Filter
 from tasks.ingest.config import URLFilterConfig
 
@@ -57,13 +55,15 @@ class URLFilter(Filter):
 
     A banned word must be a whole URL token (URLs are split on every non-alphanumeric character),
     so "sex" blocks ``/sex-toys`` but not ``/sussex``. Reasons: url_blocked_domain, url_banned_word.
-    Documents without a URL are kept and counted as ``url_filter.no_url``.
+    Documents without a URL are kept and counted as ``skipped.no_url``; with no list configured
+    every document passes.
     """
 
     name = "url_filter"
 
     def __init__(self, cfg: URLFilterConfig):
         self.cfg = cfg
+        self.enabled = cfg.enabled
         for key in ("blocked_domains_url", "banned_words_url"):
             url = getattr(cfg, key)
             if url:
@@ -71,20 +71,8 @@ class URLFilter(Filter):
                 if not fs.exists(path):
                     raise ValueError(f"url_filter.{key} points to {url}, which does not exist: fix the path or leave it empty")
 
-    @property
-    def active(self) -> bool:
-        return self.cfg.enabled and bool(self.cfg.blocked_domains_url or self.cfg.banned_words_url)
-
-    def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
-        if not self.active:
-            yield from docs
-            return
-        for doc in docs:
-            if not doc.url:
-                stats.add(f"{self.name}.no_url")
-                yield doc
-            else:
-                yield from super().run((doc,), stats, rejects)
+    def skip_reason(self, doc: Document) -> str | None:
+        return None if doc.url else "no_url"
 
     def keep(self, doc: Document) -> bool | tuple[bool, str]:
         if self.cfg.blocked_domains_url:

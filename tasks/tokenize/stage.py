@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from tasks import datasets
 from tasks.parallel import MapFn, serial_map
 from tasks.tokens import token_dtype, write_token_shard
-from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.config import SpecialTokens, TokenizeConfig
 from tasks.tokenize.shards import document_shards, iter_document_batches, join_documents
 from tasks.tokenize.tokenizer import (
     TOKENIZER_FILE,
@@ -60,14 +60,16 @@ class _SplitBuffer:
         return np.concatenate(self.tokens), np.concatenate(self.starts)
 
 
-def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, cfg: TokenizeConfig, tokenizer_sha256: str) -> datasets.ShardResult:
-    """Encode document shard ``item = (n, url, shard info)`` into the train/val token shards numbered ``n``.
+def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, cfg: TokenizeConfig,
+                   ids: dict[str, int | None], tokenizer_sha256: str) -> datasets.ShardResult:
+    """Encode document shard ``item = (n, url, shard info)`` into the train/val token shards numbered ``n``;
+    ``ids`` are the special tokens' (``special_ids``).
 
-    Stats: ``docs.in``, ``docs.<split>``, ``tokens.<split>``, ``bytes.text``, ``dropped.empty_text``.
+    Stats: ``in``, ``out`` (documents encoded), ``docs.<split>``, ``tokens.<split>``, ``bytes.text``,
+    ``dropped.empty_text``.
     """
     number, url, shard = item
     tokenizer = _tokenizer(datasets.join(output_url, TOKENIZER_FILE), tokenizer_sha256)
-    ids = special_ids(tokenizer, cfg)
     bos_id = ids["bos_id"] if cfg.add_bos else None
     dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     stats = datasets.Stats()
@@ -75,7 +77,7 @@ def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, c
     for batch in iter_document_batches(url, shard, ["id", "text"], cfg.batch_docs):
         texts: dict[str, list[str]] = {split: [] for split in SPLITS}
         for doc_id, text in zip(batch.column("id").to_pylist(), batch.column("text").to_pylist()):
-            stats.add("docs.in")
+            stats.add("in")
             if not text:
                 stats.add("dropped.empty_text")
                 continue
@@ -90,6 +92,7 @@ def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, c
             if part:
                 buffers[split].append(*join_documents(part, ids["eos_id"], bos_id, dtype))
                 stats.add(f"docs.{split}", len(part))
+                stats.add("out", len(part))
     shards = []
     for split, buffer in buffers.items():
         if buffer.tokens:
@@ -99,8 +102,9 @@ def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, c
     return datasets.ShardResult(shards, stats)
 
 
-def _run_item(item: tuple[int, str, datasets.ShardInfo], output_url: str, cfg: TokenizeConfig, tokenizer_sha256: str) -> datasets.ShardResult:
-    work = functools.partial(tokenize_shard, item, output_url, cfg, tokenizer_sha256)
+def _run_item(item: tuple[int, str, datasets.ShardInfo], output_url: str, cfg: TokenizeConfig,
+              ids: dict[str, int | None], tokenizer_sha256: str) -> datasets.ShardResult:
+    work = functools.partial(tokenize_shard, item, output_url, cfg, ids, tokenizer_sha256)
     return datasets.run_shard(output_url, f"docs-{item[0]:05d}", work)
 
 
@@ -122,25 +126,29 @@ def run_tokenize(
     output_url: str,
     cfg: TokenizeConfig,
     *,
+    special: SpecialTokens = SpecialTokens(),
     fingerprint: str,
     map_fn: MapFn = serial_map,
 ) -> datasets.Manifest:
-    """Encode every document shard of ``inputs`` with the tokenizer at ``tokenizer_url``.
+    """Encode every document shard of ``inputs`` with the tokenizer at ``tokenizer_url``, whose
+    special tokens are named by ``special`` (the ``[tokenizer]`` section's names).
 
     Writes a ``tokens`` dataset (format in ``tasks/datasets.py``) with ``tokenizer.json`` inside;
     manifest meta: dtype, vocab_size, eos_id, bos_id, pad_id, tokenizer_checksum, val_fraction.
     """
     tokenizer_sha256 = _copy_tokenizer(tokenizer_url, output_url)
     tokenizer = load_tokenizer(datasets.join(output_url, TOKENIZER_FILE))
-    ids = special_ids(tokenizer, cfg)
+    ids = special_ids(tokenizer, special)
+    if cfg.add_bos and ids["bos_id"] is None:
+        raise ValueError(f"tokenize.add_bos is set but the tokenizer has no {special.bos_token!r} token")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     items = [(n, datasets.shard_url(m, s), s) for n, (m, s) in enumerate(document_shards(inputs))]
-    work = functools.partial(_run_item, output_url=output_url, cfg=cfg, tokenizer_sha256=tokenizer_sha256)
+    work = functools.partial(_run_item, output_url=output_url, cfg=cfg, ids=ids, tokenizer_sha256=tokenizer_sha256)
     results = map_fn(work, items, label="tokenize")
     stats = sum((r.stats for r in results), datasets.Stats())
     stats.add("shards.in", len(items))
     shards = [s for r in results for s in r.shards]
-    log.info("tokenized %d documents into %d train and %d val tokens", stats.get("docs.in", 0),
+    log.info("tokenized %d documents into %d train and %d val tokens", stats.get("in", 0),
              stats.get("tokens.train", 0), stats.get("tokens.val", 0))
     meta = {
         "dtype": token_dtype(vocab_size).name,

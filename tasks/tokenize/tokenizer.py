@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from tasks import datasets
-from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.config import SpecialTokens, TokenizerConfig
 from tasks.tokenize.shards import document_shards, iter_row_groups
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def hash_fraction(seed: int, key: str) -> float:
     return int.from_bytes(digest, "little") / 2**64
 
 
-def special_ids(tokenizer: Tokenizer, cfg: TokenizeConfig) -> dict[str, int | None]:
+def special_ids(tokenizer: Tokenizer, cfg: SpecialTokens) -> dict[str, int | None]:
     """``bos_id``, ``eos_id``, ``pad_id`` of the configured special tokens; EOS must exist."""
     ids = {
         "bos_id": tokenizer.token_to_id(cfg.bos_token),
@@ -45,14 +45,12 @@ def special_ids(tokenizer: Tokenizer, cfg: TokenizeConfig) -> dict[str, int | No
     }
     if ids["eos_id"] is None:
         raise ValueError(
-            f"the tokenizer has no {cfg.eos_token!r} token; set tokenize.eos_token to its end-of-document token"
+            f"the tokenizer has no {cfg.eos_token!r} token; set tokenizer.eos_token to its end-of-document token"
         )
-    if cfg.add_bos and ids["bos_id"] is None:
-        raise ValueError(f"tokenize.add_bos is set but the tokenizer has no {cfg.bos_token!r} token")
     return ids
 
 
-def sample_texts(inputs: list[datasets.Manifest], cfg: TokenizeConfig, stats: datasets.Stats) -> Iterator[list[str]]:
+def sample_texts(inputs: list[datasets.Manifest], cfg: TokenizerConfig, stats: datasets.Stats) -> Iterator[list[str]]:
     """Batches of a seeded sample of about ``cfg.sample_docs`` documents spread over every shard.
 
     A document is picked iff ``hash_fraction(sample_seed, id) < sample_docs / total_docs``, so the
@@ -79,13 +77,13 @@ def sample_texts(inputs: list[datasets.Manifest], cfg: TokenizeConfig, stats: da
                 stats.add("bytes.sampled", len(text.encode("utf-8")))
             batch = batch[: cfg.sample_docs - taken]
             taken += len(batch)
-            stats.add("docs.sampled", len(batch))
+            stats.add("out", len(batch))
             yield batch
             if taken >= cfg.sample_docs:
                 return
 
 
-def build_tokenizer(cfg: TokenizeConfig, batches: Iterator[list[str]]) -> Tokenizer:
+def build_tokenizer(cfg: TokenizerConfig, batches: Iterator[list[str]]) -> Tokenizer:
     """Train byte-level BPE on ``batches`` of texts (held in memory only as word counts)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -101,15 +99,15 @@ def build_tokenizer(cfg: TokenizeConfig, batches: Iterator[list[str]]) -> Tokeni
     return tokenizer
 
 
-def train_tokenizer(inputs: list[datasets.Manifest], output_url: str, cfg: TokenizeConfig, *, fingerprint: str) -> datasets.Manifest:
+def train_tokenizer(inputs: list[datasets.Manifest], output_url: str, cfg: TokenizerConfig, *, fingerprint: str) -> datasets.Manifest:
     """Train on a sample of the documents datasets ``inputs``; write a ``tokenizer`` dataset.
 
-    Output: ``tokenizer.json`` (one shard, rows = vocabulary size). Stats: ``docs.sampled``,
+    Output: ``tokenizer.json`` (one shard, rows = vocabulary size). Stats: ``out`` (documents trained on),
     ``bytes.sampled``, ``dropped.empty_text``. Meta: vocab_size, bos_id, eos_id, pad_id.
     """
     stats = datasets.Stats()
     tokenizer = build_tokenizer(cfg, sample_texts(inputs, cfg, stats))
-    if not stats.get("docs.sampled"):
+    if not stats.get("out"):
         raise datasets.DatasetError("no non-empty documents to train the tokenizer on; check the input datasets")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
 
@@ -118,7 +116,7 @@ def train_tokenizer(inputs: list[datasets.Manifest], output_url: str, cfg: Token
         return vocab_size
 
     shard = datasets.write_shard(output_url, TOKENIZER_FILE, write)
-    log.info("trained a %d-token tokenizer on %d documents", vocab_size, stats["docs.sampled"])
+    log.info("trained a %d-token tokenizer on %d documents", vocab_size, stats["out"])
     meta = {"vocab_size": vocab_size, **special_ids(tokenizer, cfg)}
     return datasets.commit(output_url, "tokenizer", fingerprint, [shard], stats, inputs=list(inputs), config=cfg, meta=meta)
 

@@ -36,7 +36,7 @@ class LanguageTable:
         return UNKNOWN
 
 
-class LanguageFilter(Filter):
+class CodeLanguageFilter(Filter):
     """Sets ``lang`` and ``meta.language`` from ``meta.path``; drops unknown or unwanted languages.
 
     Reasons: ``code_unknown_language`` (not in the table, unless ``keep_unknown``),

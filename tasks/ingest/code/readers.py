@@ -14,8 +14,8 @@ url locates the bytes (the file, ``<archive>#<member>``, or the record's ``url``
 repo, path, license (None when the record has none) and language (set by the language step). An
 archive's repo is its file name without the suffix; a tree's is the folder's name.
 
-Counters: ``read.records`` (files and records seen), ``read.docs`` (documents yielded),
-``read.not_regular_files`` (links, devices: not read), ``read.skipped_dirs`` (tree folders named in
+Counters: ``in`` (files and records seen), ``out`` (documents yielded),
+``not_regular_files`` (links, devices: not read), ``skipped_dirs`` (tree folders named in
 ``skip_dirs``, never entered), ``bytes_in``, ``dropped.code_{binary,undecodable,too_large,empty,
 skipped_dir}`` (the last: archive members inside a ``skip_dirs`` folder),
 ``failed.code_{bad_record,corrupt_file,truncated_file,bad_member,missing_file}``. Data faults are counted, never raised; network and permission errors
@@ -168,13 +168,13 @@ def _expand_folder(fs: fsspec.AbstractFileSystem, path: str, cfg: CodeReaderConf
 def walk_files(fs: fsspec.AbstractFileSystem, root: str, skip_dirs: Sequence[str],
                stats: Stats | None = None) -> Iterator[tuple[str, dict]]:
     """(path, info) of every file under ``root``, never entering a folder named in ``skip_dirs``
-    (counted as ``read.skipped_dirs``) or a linked folder (it may point outside the tree or loop)."""
+    (counted as ``skipped_dirs``) or a linked folder (it may point outside the tree or loop)."""
     skip = frozenset(skip_dirs)
     for _, dirs, files in fs.walk(root, detail=True, on_error="raise"):
         for name in [d for d, info in dirs.items() if d in skip or info.get("islink")]:
             del dirs[name]
             if stats is not None:
-                stats.add("read.skipped_dirs")
+                stats.add("skipped_dirs")
         for info in files.values():
             yield info["name"], info
 
@@ -269,7 +269,7 @@ class _SourceChecks:
         return text
 
     def document(self, text: str, repo: str, path: str, url: str, license: Any = None) -> Document:
-        self.stats.add("read.docs")
+        self.stats.add("out")
         return Document(
             id=doc_id("code", repo, path),
             url=url,
@@ -314,10 +314,10 @@ def read_tree(item: CodeInput, cfg: CodeReaderConfig, stats: Stats) -> Iterator[
     repo = root.rsplit("/", 1)[-1]
     checks = _SourceChecks(cfg, stats)
     for rel, nbytes in item.files:
-        stats.add("read.records")
+        stats.add("in")
         full = f"{root}/{rel}"
         if nbytes == NOT_REGULAR:
-            stats.add("read.not_regular_files")
+            stats.add("not_regular_files")
             continue
         if checks.in_skipped_dir(rel) or checks.too_large(nbytes):
             continue
@@ -343,10 +343,10 @@ def read_tar(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document
                 for member in archive:
                     if member.isdir():
                         continue
-                    stats.add("read.records")
+                    stats.add("in")
                     path = clean_member_path(member.name)
                     if not member.isfile():
-                        stats.add("read.not_regular_files")
+                        stats.add("not_regular_files")
                         continue
                     if checks.in_skipped_dir(path) or checks.too_large(member.size):
                         continue
@@ -374,10 +374,10 @@ def read_zip(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document
             for info in archive.infolist():
                 if info.is_dir():
                     continue
-                stats.add("read.records")
+                stats.add("in")
                 path = clean_member_path(info.filename)
                 if stat.S_ISLNK(info.external_attr >> 16):
-                    stats.add("read.not_regular_files")
+                    stats.add("not_regular_files")
                     continue
                 if checks.in_skipped_dir(path) or checks.too_large(info.file_size):
                     continue

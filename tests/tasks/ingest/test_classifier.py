@@ -62,12 +62,7 @@ def test_filter_scores_documents_and_drops_low_quality(trained):
     assert good.quality_score > 0.5 > bad.quality_score
     assert math.isnan(code.quality_score)
     assert [d.meta["dropped_by"] for d in rejects] == ["quality_classifier_low"]
-    assert stats == {
-        "quality_classifier.in": 2,
-        "quality_classifier.kept": 1,
-        "dropped.quality_classifier_low": 1,
-        "quality_classifier.skipped_code": 1,
-    }
+    assert stats == {"in": 3, "out": 2, "dropped.quality_classifier_low": 1, "skipped.code": 1}
 
 
 def test_a_score_equal_to_the_threshold_is_kept(trained):

@@ -77,7 +77,7 @@ def test_step_counts_masked_items_and_documents_with_pii():
     out = list(PIIMasker(PIIConfig()).run(docs, stats))
     assert [d.id for d in out] == ["a", "b"]
     assert "ann@corp.com" not in out[0].text and out[1].text == "Nothing personal here."
-    assert stats == {"pii.in": 2, "pii.docs_with_pii": 1, "pii.emails_masked": 2, "pii.ips_masked": 1}
+    assert stats == {"in": 2, "out": 2, "docs_with_pii": 1, "emails_masked": 2, "ips_masked": 1}
 
 
 def test_disabled_masker_passes_documents_untouched():

@@ -159,11 +159,11 @@ def test_gopher_needs_two_stop_words_in_any_case():
 def test_prose_filters_skip_code_documents_and_count_them():
     reason, stats, _ = verdict(gopher(), "x = 1", source="code")
     assert reason is None
-    assert stats == {"gopher_quality.skipped_code": 1}
+    assert stats == {"in": 1, "out": 1, "skipped.code": 1}
     stats = Stats()
     doc = Document(id="d", url="", text="{}", meta={"format": "code"})
     assert list(C4QualityFilter(C4Config()).run([doc], stats)) == [doc]
-    assert stats == {"c4_quality.skipped_code": 1}
+    assert stats == {"in": 1, "out": 1, "skipped.code": 1}
 
 
 def test_disabled_filter_passes_everything_without_counting():
@@ -305,7 +305,7 @@ def test_c4_removes_bad_lines_and_keeps_the_page():
     reason, stats, doc = verdict(c4(), text)
     assert reason is None
     assert doc.text == "\n".join(GOOD_LINES)
-    assert stats.with_prefix("c4_quality.lines_removed.") == {
+    assert stats.with_prefix("lines_removed.") == {
         "javascript": 1,
         "no_terminal_punct": 2,
         "policy": 1,
@@ -341,7 +341,7 @@ def test_c4_removes_lines_with_over_long_words():
     five = "\n".join(GOOD_LINES)
     assert verdict(c4(max_word_length=10), five + "\nThis has abcdefghij here.")[2].text.endswith("here.")
     reason, stats, doc = verdict(c4(max_word_length=10), five + "\nThis has abcdefghijk here.")
-    assert doc.text == five and stats["c4_quality.lines_removed.too_long_word"] == 1
+    assert doc.text == five and stats["lines_removed.too_long_word"] == 1
 
 
 def test_c4_strips_citations_before_checking_punctuation():

@@ -51,7 +51,7 @@ def test_warc_response_records_become_html_documents_and_other_records_are_skipp
     assert [d.url for d in docs] == ["https://news.example/story-0", "https://news.example/story-1"]
     assert all(d.meta["format"] == "html" and d.text.startswith("<!DOCTYPE html>") for d in docs)
     assert docs[0].meta["warc_file"] == url and docs[0].meta["charset"] == "utf-8"
-    assert stats["read.records"] == 2 and stats["read.docs"] == 2 and stats["read.other_records"] == 2
+    assert stats["in"] == 2 and stats["out"] == 2 and stats["other_records"] == 2
     assert stats["bytes_in"] == (tmp_path / "crawl.warc.gz").stat().st_size
 
 
@@ -90,7 +90,7 @@ def test_a_few_broken_bytes_are_replaced_and_counted(tmp_path):
     url = write(tmp_path / "a.warc", response("https://a.example/", page))
     (doc,), stats = read(url)
     assert "He\ufffdllo" in doc.text
-    assert stats["read.decoded_with_replacements"] == 1
+    assert stats["decoded_with_replacements"] == 1
 
 
 def test_undecodable_bytes_are_dropped_and_counted(tmp_path):
@@ -117,7 +117,7 @@ def test_non_html_payloads_redirects_and_empty_records_are_dropped_with_reasons(
         "dropped.read_http_status": 1,
         "dropped.read_empty": 2,
     }
-    assert stats["read.records"] == 6 == stats["read.docs"] + sum(reason_counts(stats).values())
+    assert stats["in"] == 6 == stats["out"] + sum(reason_counts(stats).values())
 
 
 def test_truncated_gzip_keeps_the_complete_records_and_counts_the_truncation(tmp_path):
@@ -224,7 +224,7 @@ def test_jsonl_records_become_documents_and_bad_lines_are_counted(tmp_path):
     assert [(d.id, d.url, d.text, d.source) for d in docs[:1]] == [("doc-1", "https://a.example/1", "First document.", "web")]
     assert docs[1].source == "code" and docs[1].meta == {"repo": "r", "format": "code"} and len(docs[1].id) == 32
     assert reason_counts(stats) == {"failed.read_bad_record": 2, "dropped.read_empty": 1}
-    assert stats["read.records"] == 5
+    assert stats["in"] == 5
 
 
 def _gzip_prefix_lines(data: bytes) -> int:

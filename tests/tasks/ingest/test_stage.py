@@ -13,8 +13,9 @@ import pytest
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.ingest.config import IngestConfig
-from tasks.ingest.readers import InputError
-from tasks.ingest.stage import funnel, run_ingest
+from tasks.counters import funnel
+from tasks.ingest.readers import InputError, expand_inputs
+from tasks.ingest.stage import run_ingest
 from tests.tasks.ingest.crawl_files import article_page, english_warc, gzip_members, jsonl, prose, response, write
 
 GERMAN = [
@@ -41,7 +42,7 @@ def crawl(tmp_path: Path) -> list[str]:
 
 
 def ingest(inputs, out, cfg=None, fp="fp-test", **kw):
-    return run_ingest(inputs, out, cfg or IngestConfig(), fingerprint=fp, **kw)
+    return run_ingest(expand_inputs(inputs), out, cfg or IngestConfig(), fingerprint=fp, **kw)
 
 
 def test_ingest_writes_document_shards_a_manifest_and_the_funnel(tmp_path):
@@ -61,7 +62,7 @@ def test_ingest_writes_document_shards_a_manifest_and_the_funnel(tmp_path):
     assert json.loads(rows[0]["meta"])["format"] == "text"
 
     assert funnel(manifest) == [
-        ("read.records", 5),
+        ("in", 5),
         ("read", 4),
         ("dropped.read_non_html", 1),
         ("url_filter", 4),
@@ -73,9 +74,9 @@ def test_ingest_writes_document_shards_a_manifest_and_the_funnel(tmp_path):
         ("c4_quality", 3),
         ("fineweb_quality", 3),
         ("pii", 3),
-        ("docs_out", 3),
+        ("out", 3),
     ]
-    assert manifest.stats["bytes_in"] == sum(os.path.getsize(tmp_path / "in" / n) for n in ("crawl-0.warc.gz", "crawl-1.jsonl"))
+    assert manifest.stats["funnel.read.bytes_in"] == sum(os.path.getsize(tmp_path / "in" / n) for n in ("crawl-0.warc.gz", "crawl-1.jsonl"))
     assert manifest.meta["steps"][0] == "read"
 
 
@@ -91,7 +92,7 @@ def test_a_rerun_after_a_lost_shard_redoes_only_that_shard_byte_identically(tmp_
 
     assert [(s.name, s.checksum) for s in second.shards] == [(s.name, s.checksum) for s in first.shards]
     assert second.stats["shards_reused"] == 1
-    assert second.stats["docs_out"] == first.stats["docs_out"]
+    assert second.stats["out"] == first.stats["out"]
     assert not list(out.glob(".tmp-*"))
 
 
@@ -167,17 +168,17 @@ def test_a_changed_config_never_reuses_finished_shards(tmp_path):
 
 def test_funnel_puts_each_drop_reason_under_its_step_largest_first():
     stats = {
-        "read.records": 10, "funnel.read.out": 8, "funnel.read.dropped.read_empty": 2,
+        "in": 10, "funnel.read.out": 8, "funnel.read.dropped.read_empty": 2,
         "funnel.extract.out": 7, "funnel.extract.dropped.extract_empty": 1,
         "funnel.lang.out": 4, "funnel.lang.dropped.lang_low_score": 1, "funnel.lang.dropped.lang_not_kept": 2,
-        "docs_out": 4,
+        "out": 4,
     }
     assert funnel(stats) == [
-        ("read.records", 10),
+        ("in", 10),
         ("read", 8), ("dropped.read_empty", 2),
         ("extract", 7), ("dropped.extract_empty", 1),
         ("lang", 4), ("dropped.lang_not_kept", 2), ("dropped.lang_low_score", 1),
-        ("docs_out", 4),
+        ("out", 4),
     ]
 
 
@@ -271,4 +272,4 @@ def test_a_worker_killed_mid_stage_leaves_output_identical_to_an_undisturbed_run
                 os.killpg(proc.pid, signal.SIGKILL)
 
     assert [(s.name, s.rows, s.checksum) for s in manifest.shards] == [(s.name, s.rows, s.checksum) for s in reference.shards]
-    assert manifest.stats["docs_out"] == reference.stats["docs_out"] == 96
+    assert manifest.stats["out"] == reference.stats["out"] == 96

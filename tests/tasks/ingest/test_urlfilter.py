@@ -23,9 +23,9 @@ def run(step: URLFilter, *urls: str) -> tuple[list[str], Stats]:
     return [d.url for d in kept], stats
 
 
-def test_without_lists_every_document_passes_uncounted():
+def test_without_lists_every_document_passes():
     kept, stats = run(URLFilter(URLFilterConfig()), "https://example.com/", "")
-    assert kept == ["https://example.com/", ""] and stats == {}
+    assert kept == ["https://example.com/", ""] and stats == {"in": 2, "out": 2, "skipped.no_url": 1}
 
 
 def test_blocked_domains_block_their_subdomains_only(lists):
@@ -39,7 +39,7 @@ def test_blocked_domains_block_their_subdomains_only(lists):
         "https://example.com.mirror.net/",
     )
     assert kept == ["https://notexample.com/", "https://example.com.mirror.net/"]
-    assert stats == {"url_filter.in": 5, "url_filter.kept": 2, "dropped.url_blocked_domain": 3}
+    assert stats == {"in": 5, "out": 2, "dropped.url_blocked_domain": 3}
 
 
 def test_banned_words_must_be_whole_url_tokens(lists):
@@ -51,7 +51,7 @@ def test_banned_words_must_be_whole_url_tokens(lists):
 
 def test_documents_without_url_are_kept_and_counted(lists):
     kept, stats = run(URLFilter(URLFilterConfig(blocked_domains_url=lists[0])), "")
-    assert kept == [""] and stats == {"url_filter.no_url": 1}
+    assert kept == [""] and stats == {"in": 1, "out": 1, "skipped.no_url": 1}
 
 
 def test_a_missing_list_is_a_clear_error(tmp_path):

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks import datasets
-from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.tokenizer import train_tokenizer
 
 TEXTS = [
@@ -47,9 +47,14 @@ def docs(tmp_path_factory) -> datasets.Manifest:
 
 @pytest.fixture(scope="module")
 def small_cfg() -> TokenizeConfig:
-    return TokenizeConfig(vocab_size=300, min_frequency=1, sample_docs=1000, batch_docs=4, val_fraction=0.2)
+    return TokenizeConfig(batch_docs=4, val_fraction=0.2)
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dataset(tmp_path_factory, docs, small_cfg) -> datasets.Manifest:
-    return train_tokenizer([docs], str(tmp_path_factory.mktemp("tokenizer")), small_cfg, fingerprint="tok")
+def small_tokenizer_cfg() -> TokenizerConfig:
+    return TokenizerConfig(vocab_size=300, min_frequency=1, sample_docs=1000)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dataset(tmp_path_factory, docs, small_tokenizer_cfg) -> datasets.Manifest:
+    return train_tokenizer([docs], str(tmp_path_factory.mktemp("tokenizer")), small_tokenizer_cfg, fingerprint="tok")

@@ -52,7 +52,7 @@ def test_manifest_counts_equal_the_shard_contents(tokens):
             assert shard.rows == shard.extra["tokens"] == len(array)
             assert shard.extra["docs"] == len(starts) == int((array == tokens.meta["eos_id"]).sum())
     stats = tokens.stats
-    assert stats["docs.in"] == 31 and stats["dropped.empty_text"] == 1 and stats["shards.in"] == 2
+    assert stats["in"] == 31 and stats["dropped.empty_text"] == 1 and stats["shards.in"] == 2
     assert stats["docs.train"] + stats["docs.val"] == 30 and stats["docs.val"] > 0
     assert stats["tokens.train"] + stats["tokens.val"] == tokens.rows
     assert stats["bytes.text"] == sum(len((TEXTS[i % 6] + f" #{i}").encode()) for i in range(30))

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks import datasets
-from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.config import SpecialTokens, TokenizerConfig
 from tasks.tokenize.tokenizer import load_tokenizer, special_ids, train_tokenizer
 from tests.tasks.tokenize.conftest import TEXTS, write_documents
 
@@ -16,22 +16,22 @@ def test_trained_tokenizer_is_a_dataset_with_special_tokens_first(tokenizer_data
     assert tokenizer_dataset.kind == "tokenizer"
     assert [s.name for s in tokenizer_dataset.shards] == ["tokenizer.json"]
     assert tokenizer_dataset.meta | {"url": ""} == {"url": "", "vocab_size": 300, "bos_id": 0, "eos_id": 1, "pad_id": 2}
-    assert tokenizer_dataset.stats == {"docs.sampled": 30, "bytes.sampled": tokenizer_dataset.stats["bytes.sampled"],
+    assert tokenizer_dataset.stats == {"out": 30, "bytes.sampled": tokenizer_dataset.stats["bytes.sampled"],
                                        "dropped.empty_text": 1}
     assert load_tokenizer(tokenizer_dataset.meta["url"]).get_vocab_size() == 300
 
 
-def test_training_is_deterministic(tmp_path, docs, small_cfg, tokenizer_dataset):
-    again = train_tokenizer([docs], str(tmp_path / "again"), small_cfg, fingerprint="tok")
+def test_training_is_deterministic(tmp_path, docs, small_tokenizer_cfg, tokenizer_dataset):
+    again = train_tokenizer([docs], str(tmp_path / "again"), small_tokenizer_cfg, fingerprint="tok")
     assert again.shards[0].checksum == tokenizer_dataset.shards[0].checksum
 
 
 def test_sample_docs_bounds_a_seeded_sample_spread_over_shards(tmp_path):
     rows = [(f"d{i}", TEXTS[i % len(TEXTS)]) for i in range(400)]
     docs = write_documents(str(tmp_path / "docs"), [rows[:200], rows[200:]], row_group_size=50)
-    cfg = TokenizeConfig(vocab_size=300, sample_docs=40, min_frequency=1)
-    a = train_tokenizer([docs], str(tmp_path / "a"), cfg, fingerprint="a").stats["docs.sampled"]
-    b = train_tokenizer([docs], str(tmp_path / "b"), cfg, fingerprint="b").stats["docs.sampled"]
+    cfg = TokenizerConfig(vocab_size=300, sample_docs=40, min_frequency=1)
+    a = train_tokenizer([docs], str(tmp_path / "a"), cfg, fingerprint="a").stats["out"]
+    b = train_tokenizer([docs], str(tmp_path / "b"), cfg, fingerprint="b").stats["out"]
     assert a == b and 20 <= a <= 40
 
 
@@ -68,11 +68,11 @@ def test_missing_or_wrong_tokenizer_is_a_clear_error(tmp_path, docs):
 
 def test_a_tokenizer_without_the_configured_eos_is_refused(tokenizer_dataset):
     tokenizer = load_tokenizer(tokenizer_dataset.meta["url"])
-    with pytest.raises(ValueError, match="tokenize.eos_token"):
-        special_ids(tokenizer, TokenizeConfig(eos_token="</s>"))
+    with pytest.raises(ValueError, match="tokenizer.eos_token"):
+        special_ids(tokenizer, SpecialTokens(eos_token="</s>"))
 
 
 def test_a_corpus_of_empty_documents_cannot_train_a_tokenizer(tmp_path):
     docs = write_documents(str(tmp_path / "docs"), [[("a", ""), ("b", None)]])
     with pytest.raises(datasets.DatasetError, match="no non-empty documents"):
-        train_tokenizer([docs], str(tmp_path / "tok"), TokenizeConfig(), fingerprint="x")
+        train_tokenizer([docs], str(tmp_path / "tok"), TokenizerConfig(), fingerprint="x")

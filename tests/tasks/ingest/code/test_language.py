@@ -8,7 +8,7 @@ from tasks.config import ConfigError, from_dict
 from tasks.datasets import Stats
 from tasks.ingest.base import Document
 from tasks.ingest.code.config import CodeIngestConfig, LanguageConfig
-from tasks.ingest.code.language import LanguageFilter, LanguageTable
+from tasks.ingest.code.language import CodeLanguageFilter, LanguageTable
 
 
 @pytest.mark.parametrize("path,language", [
@@ -40,13 +40,13 @@ def test_language_comes_from_the_file_name_then_the_extension(path, language):
 def run_language(cfg: LanguageConfig, *paths: str) -> tuple[list[Document], Stats]:
     docs = [Document(id=p, url="", text="x = 1\n", source="code", meta={"path": p}) for p in paths]
     stats = Stats()
-    return list(LanguageFilter(cfg).run(docs, stats)), stats
+    return list(CodeLanguageFilter(cfg).run(docs, stats)), stats
 
 
 def test_the_language_step_tags_lang_and_meta_and_drops_unknown_files():
     kept, stats = run_language(LanguageConfig(), "a.py", "b.go", "notes.txt")
     assert [(d.lang, d.meta["language"]) for d in kept] == [("Python", "Python"), ("Go", "Go")]
-    assert stats["dropped.code_unknown_language"] == 1 and stats["code_language.kept"] == 2
+    assert stats["dropped.code_unknown_language"] == 1 and stats["out"] == 2
 
 
 def test_unknown_files_are_kept_when_asked_with_an_empty_language():

@@ -102,7 +102,7 @@ def test_jsonl_records_become_code_documents_with_repo_path_and_license(tmp_path
         {"repo": "acme/tools", "path": "src/sub.py", "license": None, "language": ""},
     ]
     assert all(d.source == "code" and d.text.startswith("def ") for d in docs)
-    assert stats["read.records"] == 2 and stats["read.docs"] == 2
+    assert stats["in"] == 2 and stats["out"] == 2
     assert stats["bytes_in"] == os.path.getsize(url)
     again, _ = read_url(url)
     assert [d.id for d in again] == [d.id for d in docs] and docs[0].id != docs[1].id
@@ -126,7 +126,7 @@ def test_bad_jsonl_records_are_counted_under_their_reason_and_skipped(tmp_path):
         "dropped.code_binary": 1, "dropped.code_empty": 1, "dropped.code_too_large": 2,
         "dropped.code_undecodable": 1, "failed.code_bad_record": 2,
     }
-    assert stats["read.records"] == 8  # the blank line is not a record
+    assert stats["in"] == 8  # the blank line is not a record
 
 
 def test_a_truncated_jsonl_gz_keeps_the_records_before_the_cut(tmp_path):
@@ -191,7 +191,7 @@ def test_tar_archives_are_streamed_member_by_member_with_bad_files_counted(tmp_p
         "dropped.code_binary": 1, "dropped.code_empty": 1, "dropped.code_skipped_dir": 1,
         "dropped.code_too_large": 1, "dropped.code_undecodable": 1,
     }
-    assert stats["read.records"] == 8 and stats["read.not_regular_files"] == 1
+    assert stats["in"] == 8 and stats["not_regular_files"] == 1
 
 
 def test_a_truncated_tar_gz_keeps_the_members_before_the_cut(tmp_path):
@@ -270,8 +270,8 @@ def test_a_folder_tree_is_read_as_one_repository_with_vcs_folders_never_entered(
     core = next(d for d in docs if d.meta["path"] == "pkg/core.py")
     assert core.url == f"file://{root}/pkg/core.py" and core.text == GOOD
     assert reasons(stats) == {"dropped.code_binary": 1, "dropped.code_empty": 1, "dropped.code_undecodable": 1}
-    assert stats["read.not_regular_files"] == 1  # the link is not followed
-    assert stats["read.records"] == 6
+    assert stats["not_regular_files"] == 1  # the link is not followed
+    assert stats["in"] == 6
 
 
 def test_listing_a_tree_skips_vcs_folders_and_marks_links(tmp_path):
@@ -281,7 +281,7 @@ def test_listing_a_tree_skips_vcs_folders_and_marks_links(tmp_path):
     listing = dict(list_tree(str(root), CodeReaderConfig(), stats))
     assert not any(rel.startswith(".git/") for rel in listing)
     assert listing["pkg/alias.py"] == NOT_REGULAR and listing["pkg/core.py"] == len(GOOD)
-    assert stats["read.skipped_dirs"] == 1
+    assert stats["skipped_dirs"] == 1
 
 
 def test_a_tree_is_split_into_chunks_that_cover_every_file_once(tmp_path):

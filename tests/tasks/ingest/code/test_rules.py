@@ -55,7 +55,7 @@ def test_a_1000_character_line_is_kept_and_a_1001_character_line_is_dropped():
     rule = MaxLineLengthFilter(LineLengthConfig())
     kept, stats = verdicts(rule, named("x = 1\n" + "a" * 1000, 0), named("x = 1\n" + "a" * 1001, 1))
     assert kept == [True, False]
-    assert stats["dropped.code_max_line_length"] == 1 and stats["code_max_line_length.kept"] == 1
+    assert stats["dropped.code_max_line_length"] == 1 and stats["out"] == 1
 
 
 def test_mean_line_length_of_exactly_100_is_kept_and_just_above_is_dropped():

@@ -17,9 +17,9 @@ from tasks.ingest.base import Document
 from tasks.ingest.code.config import CodeIngestConfig
 from tasks.ingest.code.stage import STAGE, code_input_fingerprints, code_step_names, run_code_ingest
 from tasks.ingest.config import OutputConfig
-from tasks.ingest.pipeline import ParquetSink
+from tasks.ingest.pipeline import DocumentSink
 from tasks.ingest.readers import InputError
-from tasks.ingest.stage import funnel
+from tasks.counters import funnel
 from tasks.sample.code import load_code_ground_truth, write_sample_code
 
 SAMPLE_FILES = 120
@@ -84,7 +84,7 @@ def test_the_manifest_holds_the_funnel_and_the_languages_written(sample):
     _, _, manifest, _ = sample
     rows = dict(funnel(manifest))
     assert manifest.meta["steps"] == code_step_names(CodeIngestConfig())
-    assert rows["read.records"] == SAMPLE_FILES and rows["docs_out"] == manifest.rows
+    assert rows["in"] == SAMPLE_FILES and rows["out"] == manifest.rows
     assert rows["read"] == SAMPLE_FILES - rows["dropped.code_binary"] - rows["dropped.code_undecodable"]
     assert rows["code_alphanum_fraction"] == manifest.rows
     assert sum(v for k, v in manifest.stats.items() if k.startswith("lang.")) == manifest.rows
@@ -148,13 +148,13 @@ def web_documents(url: str, docs: int = 240, seed: int = 0) -> datasets.Manifest
     ]
 
     def write(f) -> int:
-        sink = ParquetSink(f, OutputConfig())
+        sink = DocumentSink(f, OutputConfig())
         for doc in documents:
             sink.append(doc)
         return sink.close()
 
     shard = datasets.write_shard(url, "docs-00000.parquet", write)
-    return datasets.commit(url, "documents", "web-docs", [shard], {"docs_out": docs})
+    return datasets.commit(url, "documents", "web-docs", [shard], {"out": docs})
 
 
 def windows_by_content(url: str, seq_len: int) -> set[bytes]:
@@ -172,7 +172,7 @@ def windows_by_content(url: str, seq_len: int) -> set[bytes]:
 def test_code_documents_dedup_tokenize_and_mix_with_web_at_the_configured_weights(tmp_path):
     from tasks.dedup.config import DedupConfig
     from tasks.dedup.stage import run_dedup
-    from tasks.tokenize.config import TokenizeConfig
+    from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
     from tasks.tokenize.stage import run_tokenize, train_tokenizer
     from tasks.train.data import TokenLoader
 
@@ -180,17 +180,18 @@ def test_code_documents_dedup_tokenize_and_mix_with_web_at_the_configured_weight
     code_docs = run_code_ingest([summary["input"]], str(tmp_path / "code"), CodeIngestConfig(), fingerprint="c")
     deduped = run_dedup([code_docs], str(tmp_path / "dedup"), DedupConfig(), fingerprint="d")
     exact = summary["categories"]["exact_dup"]
-    assert deduped.stats["dropped.dedup_exact"] == exact
-    assert deduped.rows == code_docs.rows - exact - deduped.stats.get("dropped.dedup_near", 0)
+    assert deduped.stats["dropped.exact_duplicate"] == exact
+    assert deduped.rows == code_docs.rows - exact - deduped.stats.get("dropped.near_duplicate", 0)
     texts = [row["text"] for row in rows_of(deduped)]
     assert len(texts) == len(set(texts))  # no exact copy survives
 
     web_docs = web_documents(str(tmp_path / "web"))
-    cfg = TokenizeConfig(vocab_size=320, min_frequency=1, sample_docs=2000, val_fraction=0.05)
-    tokenizer = train_tokenizer([web_docs, deduped], str(tmp_path / "tok"), cfg, fingerprint="t")
+    cfg = TokenizeConfig(val_fraction=0.05)
+    tokenizer_cfg = TokenizerConfig(vocab_size=320, min_frequency=1, sample_docs=2000)
+    tokenizer = train_tokenizer([web_docs, deduped], str(tmp_path / "tok"), tokenizer_cfg, fingerprint="t")
     web_tokens = run_tokenize([web_docs], tokenizer.meta["url"], str(tmp_path / "web-tokens"), cfg, fingerprint="wt")
     code_tokens = run_tokenize([deduped], tokenizer.meta["url"], str(tmp_path / "code-tokens"), cfg, fingerprint="ct")
-    assert code_tokens.stats["docs.in"] == deduped.rows
+    assert code_tokens.stats["in"] == deduped.rows
 
     seq_len, global_batch, steps = 16, 32, 40
     origin = {"web": windows_by_content(web_tokens.meta["url"], seq_len),
