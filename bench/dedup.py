@@ -31,6 +31,7 @@ import ast
 import json
 import math
 import multiprocessing
+import os
 import re
 import resource
 import sysconfig
@@ -221,6 +222,9 @@ def peak_rss_mb() -> float:
 
 def run_smelt(input_url: str, output_url: str, threshold: float, queue) -> None:
     """Child process: the dedup stage, serial, timing each phase."""
+    import pyarrow.compute  # noqa: F401  imported before the clock starts, as a worker has them
+    import pyarrow.parquet  # noqa: F401
+
     from tasks import datasets
     from tasks.dedup.config import DedupConfig
     from tasks.dedup.stage import run_dedup
@@ -319,6 +323,7 @@ def main() -> None:
         "phase_peak_rss_mb": {k: round(v) for k, v in result["phase_peak_mb"].items()},
         "smelt_wall_seconds": round(result["wall_seconds"], 1),
         "datasketch_docs_timed": datasketch_docs,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
     }))
 
 

@@ -1,14 +1,20 @@
 """How stages fan out: a ``MapFn`` applies a function to work items and returns results in order.
 
 Stages in ``tasks/`` take a ``MapFn`` so they stay plain Python: tests pass ``serial_map``; the
-flows pass a Dask-backed map (``flows/dask_runtime.py``) that spreads work items over a cluster.
+flows and the benches pass ``ClientMap`` (the one Dask adapter), which spreads work items over a
+``distributed.Client``'s cluster, reruns items whose worker died, and reports progress as they
+finish. ``flows/dask_runtime.py`` only chooses the cluster.
 """
 
+from __future__ import annotations
+
+import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 
 class MapFn(Protocol):
@@ -17,3 +23,26 @@ class MapFn(Protocol):
 
 def serial_map(fn: Callable[[T], R], items: Sequence[T], *, label: str = "") -> list[R]:
     return [fn(item) for item in items]
+
+
+class ClientMap:
+    """A ``MapFn`` over a ``distributed.Client``: one task per item, ``retries`` reruns if its worker
+    dies, and a progress line (``label: k/n work items done``) at every tenth of a long map."""
+
+    def __init__(self, client: Any, retries: int = 2, log_fn: Callable[[str], None] | None = None):
+        self.client, self.retries, self.log_fn = client, retries, log_fn or log.info
+
+    def __call__(self, fn: Callable[[T], R], items: Sequence[T], *, label: str = "") -> list[R]:
+        from distributed import as_completed
+
+        if not items:
+            return []
+        futures = self.client.map(fn, list(items), retries=self.retries, pure=False)
+        index = {f.key: i for i, f in enumerate(futures)}
+        results: list = [None] * len(futures)
+        step = max(1, len(futures) // 10)
+        for done, future in enumerate(as_completed(futures), 1):
+            results[index[future.key]] = future.result()
+            if done == len(futures) or done % step == 0:
+                self.log_fn(f"{label or getattr(fn, '__name__', 'map')}: {done}/{len(futures)} work items done")
+        return results

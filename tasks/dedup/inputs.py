@@ -20,6 +20,7 @@ from tasks.datasets import Manifest, Stats
 
 RAW_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".parquet")
 ROWS_PER_SHARD = 50_000
+BATCH_ROWS = 4096  # raw Parquet rows decoded at a time
 
 
 def _default_staging() -> str:
@@ -64,8 +65,9 @@ def _records(url: str, stats: Stats) -> Iterator[dict[str, Any]]:
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        with fs.open(path, "rb") as f:
-            yield from pq.read_table(f).to_pylist()
+        with fs.open(path, "rb") as f:  # row group by row group: a large file never sits in memory
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=BATCH_ROWS):
+                yield from batch.to_pylist()
         return
     with fs.open(path, "rt", encoding="utf-8", errors="replace", compression="infer") as f:
         for line in f:
@@ -86,7 +88,7 @@ def raw_to_documents(urls: list[str], staging_url: str | None = None) -> Manifes
     """Convert raw JSONL/Parquet files into a documents dataset (reused if already converted)."""
     import pyarrow as pa
 
-    from tasks.dedup.stage import write_parquet
+    from tasks.dedup.plan import write_parquet
 
     raw_fps = datasets.raw_input_fingerprints(urls)
     fp = datasets.fingerprint("dedup-input", {"rows_per_shard": ROWS_PER_SHARD}, raw_fps, "1")

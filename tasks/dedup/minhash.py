@@ -1,35 +1,40 @@
-"""MinHash signatures of word shingles, vectorised over a shard with NumPy.
+"""MinHash signatures of word shingles, vectorised over a batch of documents with NumPy.
 
-Shingles are runs of ``n`` consecutive normalised words (a document shorter than ``n`` words is
-one shingle of all its words; an empty document has none). A shingle's hash is built from its
-words' hashes, so every distinct word is hashed once per shard:
+Input is a batch's words (``normalize.Words``: byte ranges of the texts' UTF-8). Every step runs
+over the batch at once, with no Python loop per word or shingle:
 
-    word hash   w = BLAKE2b-64(word, UTF-8), little-endian
+    word hash   w = fmix64(Σⱼ bⱼ·Pʲ  xor  len)   (bytes bⱼ of the word, mod 2⁶⁴, P odd), as
+                    prefix sums over the whole batch: Σⱼ bⱼ·Pʲ of a word = (S[end] − S[start])·P⁻ˢᵗᵃʳᵗ
     shingle     h = fmix64(((w₀·M + w₁)·M + w₂)·M + …)   (mod 2⁶⁴, M odd), top 32 bits for
                     the 32-bit schemes
 
-``hash_shingle`` computes the same value for one shingle string, so it can be passed to
-datasketch as ``hashfunc``: smelt's signatures then equal ``datasketch.MinHash(num_perm, seed,
-hashfunc=..., scheme=...)`` fed with ``shingle_strings`` — a test checks this for every scheme —
-and can be queried with datasketch's ``MinHashLSH``.
+Shingles are runs of ``n`` consecutive words (a document shorter than ``n`` words is one shingle of
+all its words; an empty document has none). ``hash_shingle`` computes the same value for one
+shingle string, so it can be passed to datasketch as ``hashfunc``: smelt's signatures then equal
+``datasketch.MinHash(num_perm, seed, hashfunc=..., scheme=...)`` fed with ``shingle_strings`` — a
+test checks this for every scheme — and can be queried with datasketch's ``MinHashLSH``. (The word
+hash was BLAKE2b per distinct word, looked up through a Python dict: 80% of the stage's CPU.)
 
 Permutations (datasketch 2.x): ``affine32``/``affine64`` pre-mix the shingle hash with the
 MurmurHash3 finalizer and map it with ``a·h + b mod 2^w`` (``a`` odd); ``legacy`` is
 ``(a·h + b) mod (2⁶¹ − 1)`` truncated to 32 bits. ``a``, ``b`` come from
 ``numpy.random.RandomState(seed)`` exactly as datasketch draws them.
 
-Shape legend: D documents, T shingles, P permutations.
+Shape legend: D documents, W words, T shingles, P permutations.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-from collections import defaultdict
+import functools
 
 import numpy as np
 
+from tasks.dedup.normalize import Words
+
 _MULT = np.uint64(0x9E3779B97F4A7C15)
+_BYTE_MULT = 0x100000001B3  # FNV's 64-bit prime (odd, so invertible mod 2⁶⁴)
+_BYTE_MULT_INV = pow(_BYTE_MULT, -1, 1 << 64)
+_SPAN = 1 << 20  # bytes of a batch hashed per prefix-sum pass (bounds the uint64 temporaries to 8 MB each)
 _MERSENNE = np.uint64((1 << 61) - 1)
 _MAX32 = np.uint64((1 << 32) - 1)
 _FMIX = {
@@ -51,10 +56,6 @@ def fmix(values: np.ndarray, bits: int) -> np.ndarray:
     return values ^ (values >> s3)
 
 
-def _word_hash_bytes(word: str) -> bytes:
-    return hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
-
-
 def shingle_strings(words: list[str], n: int) -> list[str]:
     """The shingles of one document as space-joined strings (for datasketch and for people)."""
     if not words:
@@ -64,41 +65,73 @@ def shingle_strings(words: list[str], n: int) -> list[str]:
     return [" ".join(words[i : i + n]) for i in range(len(words) - n + 1)]
 
 
+def _poly(word: bytes) -> int:
+    """Σⱼ bⱼ·Pʲ mod 2⁶⁴ of one word, by Horner's rule."""
+    poly = 0
+    for byte in reversed(word):
+        poly = (poly * _BYTE_MULT + byte) & 0xFFFFFFFFFFFFFFFF
+    return poly
+
+
+def _word_hash(word: bytes) -> int:
+    return int(fmix(np.array([_poly(word) ^ len(word)], dtype=np.uint64), 64)[0])
+
+
 def hash_shingle(shingle: str | bytes, bits: int = 32) -> int:
     """Hash of one space-joined shingle, equal to what ``shard_shingle_hashes`` computes."""
-    if isinstance(shingle, bytes):
-        shingle = shingle.decode("utf-8")
-    words = shingle.split(" ")
-    h = np.frombuffer(_word_hash_bytes(words[0]), dtype="<u8").astype(np.uint64)
-    for word in words[1:]:
-        h = h * _MULT + np.frombuffer(_word_hash_bytes(word), dtype="<u8").astype(np.uint64)
+    if isinstance(shingle, str):
+        shingle = shingle.encode("utf-8")
+    h = np.zeros(1, dtype=np.uint64)
+    for word in shingle.split(b" "):
+        h = h * _MULT + np.uint64(_word_hash(word))
     h = fmix(h, 64)
     return int(h[0] >> np.uint64(32)) if bits == 32 else int(h[0])
 
 
-def shard_shingle_hashes(docs_words: list[list[str]], n: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Shingle hashes of every document of a shard, concatenated.
+@functools.cache
+def _powers() -> tuple[np.ndarray, np.ndarray]:
+    """(Pʲ, P⁻ʲ) mod 2⁶⁴ for j < _SPAN (uint64 products wrap, which is the modulus)."""
+    up, down = np.full(_SPAN, _BYTE_MULT, dtype=np.uint64), np.full(_SPAN, _BYTE_MULT_INV, dtype=np.uint64)
+    up[0] = down[0] = 1
+    return np.cumprod(up), np.cumprod(down)
+
+
+def _word_hashes(blob: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Hashes of the words ``blob[starts[k]:ends[k]]`` (sorted, disjoint), _SPAN bytes at a time."""
+    up, down = _powers()
+    poly = np.empty(len(starts), dtype=np.uint64)
+    lo = 0
+    while lo < len(starts):
+        base = starts[lo]
+        hi = int(np.searchsorted(ends, base + _SPAN, side="right"))
+        if hi == lo:  # one word longer than a span: hashed on its own
+            poly[lo] = _poly(blob[starts[lo] : ends[lo]].tobytes())
+            lo += 1
+            continue
+        span = blob[base : ends[hi - 1]].astype(np.uint64)
+        prefix = np.zeros(len(span) + 1, dtype=np.uint64)
+        np.cumsum(span * up[: len(span)], out=prefix[1:])
+        s, e = starts[lo:hi] - base, ends[lo:hi] - base
+        poly[lo:hi] = (prefix[e] - prefix[s]) * down[s]
+        lo = hi
+    return fmix(poly ^ (ends - starts).astype(np.uint64), 64)
+
+
+def shard_shingle_hashes(words: Words, n: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shingle hashes of every document of a batch (``normalize.Words``), concatenated.
 
     Returns ``(hashes (T,), offsets (D+1,))``: document ``d``'s shingles are
     ``hashes[offsets[d]:offsets[d+1]]``. uint32 for ``bits=32``, uint64 for 64.
     """
-    lengths = np.fromiter((len(w) for w in docs_words), dtype=np.int64, count=len(docs_words))
+    lengths, first_word = words.counts, words.first
     counts = np.where(lengths >= n, lengths - n + 1, np.minimum(lengths, 1))
-    offsets = np.zeros(len(docs_words) + 1, dtype=np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     out_dtype = np.uint32 if bits == 32 else np.uint64
     if offsets[-1] == 0:
         return np.zeros(0, dtype=out_dtype), offsets
 
-    # One dict lookup per word: a word's first sighting assigns it the next id.
-    word_ids: defaultdict[str, int] = defaultdict()
-    word_ids.default_factory = word_ids.__len__
-    all_words = itertools.chain.from_iterable(docs_words)
-    ids = np.fromiter(map(word_ids.__getitem__, all_words), np.int64, int(lengths.sum()))
-    vocab_hashes = np.frombuffer(b"".join(map(_word_hash_bytes, word_ids)), dtype="<u8").astype(np.uint64)
-    word_hashes = vocab_hashes[ids]
-    starts = np.zeros(len(docs_words), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
+    word_hashes = _word_hashes(words.blob, words.starts, words.ends)
 
     # Rolling polynomial over every window of n words (windows crossing a document end are not used).
     padded = np.concatenate([word_hashes, np.zeros(n - 1, dtype=np.uint64)])
@@ -106,16 +139,16 @@ def shard_shingle_hashes(docs_words: list[list[str]], n: int, bits: int) -> tupl
     for k in range(1, n):
         windows *= _MULT
         windows += padded[k : k + len(word_hashes)]
-    first_window = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
+    first_window = np.repeat(first_word - offsets[:-1], counts) + np.arange(offsets[-1])
     hashes = windows[first_window]
 
     # A document shorter than n words is one shingle of all its words.
     for length in range(1, n):
         docs = np.flatnonzero(lengths == length)
         if len(docs):
-            poly = word_hashes[starts[docs]].copy()
+            poly = word_hashes[first_word[docs]].copy()
             for k in range(1, length):
-                poly = poly * _MULT + word_hashes[starts[docs] + k]
+                poly = poly * _MULT + word_hashes[first_word[docs] + k]
             hashes[offsets[docs]] = poly
     hashes = fmix(hashes, 64)
     return (hashes >> np.uint64(32)).astype(np.uint32) if bits == 32 else hashes, offsets

@@ -1,4 +1,4 @@
-from tasks.dedup.normalize import normalize_text, normalized_words
+from tasks.dedup.normalize import Words, normalize_text, normalized_words, spaced_bytes
 
 
 def test_case_punctuation_and_whitespace_do_not_matter():
@@ -19,3 +19,13 @@ def test_text_of_only_punctuation_normalises_to_nothing():
 
 def test_combining_marks_stay_inside_their_word():
     assert normalized_words("हिन्दी भाषा।") == ["हिन्दी", "भाषा"]
+
+
+def test_the_byte_path_gives_the_same_words_and_normalised_text_as_the_unicode_path():
+    every_ascii = "".join(chr(c) for c in range(128)) * 2
+    texts = [every_ascii, "Hello,  WORLD!\n\tIt's  me...", "a\x1cb\x1fc_d", "Größe 42 snake_case", "", " ... ", "one"]
+    words = Words.of([spaced_bytes(t) for t in texts])
+    assert words.normalized() == [normalize_text(t).encode("utf-8") for t in texts]
+    for d, text in enumerate(texts):
+        mine = range(words.first[d], words.first[d] + words.counts[d])
+        assert [words.blob[words.starts[k] : words.ends[k]].tobytes().decode() for k in mine] == normalized_words(text)

@@ -21,9 +21,9 @@ def test_exact_and_near_duplicates_are_removed_and_order_is_kept():
     assert [s.name for s in out.shards] == ["docs-00000.parquet", "docs-00001.parquet"]
     assert read_ids(out) == [["a-copy", "c"], ["b-near", "a-far", "empty", "null"]]
     stats = out.stats
-    assert (stats["docs_in"], stats["docs_out"]) == (10, 6)
-    assert stats["dropped.dedup_exact"] == 2  # a (a-copy has higher quality), c-copy (same quality, larger id)
-    assert stats["dropped.dedup_near"] == 2  # a-near, b (NaN quality ranks below b-near's 0.3)
+    assert (stats["in"], stats["out"]) == (10, 6)
+    assert stats["dropped.exact_duplicate"] == 2  # a (a-copy has higher quality), c-copy (same quality, larger id)
+    assert stats["dropped.near_duplicate"] == 2  # a-near, b (NaN quality ranks below b-near's 0.3)
     assert stats["dedup.clusters"] == 3
     assert stats["dedup.cluster_size.3-4"] == 1 and stats["dedup.cluster_size.2"] == 2
     assert stats["dedup.null_text"] == 1 and stats["dedup.no_shingles"] == 2
@@ -80,5 +80,5 @@ def test_redoing_deleted_work_gives_byte_identical_output(tmp_path):
     (root / "_done/clusters.done.json").unlink()
     again = _run(f"file://{tmp_path}", keep_work=True)
     assert _data_files(root) == before
-    assert again.stats["docs_out"] == out.stats["docs_out"]
+    assert again.stats["out"] == out.stats["out"]
     assert [s.checksum for s in again.shards] == [s.checksum for s in out.shards]

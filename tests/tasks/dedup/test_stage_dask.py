@@ -9,7 +9,8 @@ import pytest
 
 from tasks import datasets
 from tasks.dedup.config import DedupConfig
-from tasks.dedup.stage import client_map, run_dedup
+from tasks.dedup.stage import run_dedup
+from tasks.parallel import ClientMap
 from tests.tasks.dedup.corpus import SHARDS, write_documents
 
 
@@ -26,7 +27,7 @@ def _kill_own_worker_during(fn, marker: str, delay_s: float, item):
 
 
 def _killing_map(client, marker: str, phase: str, delay_s: float):
-    inner = client_map(client)
+    inner = ClientMap(client)
 
     def map_fn(fn, items, *, label=""):
         if label == phase:
@@ -59,6 +60,6 @@ def test_a_worker_killed_mid_stage_changes_no_output_byte(tmp_path):
             )
             assert os.path.exists(marker)
             assert checksums(out) == checksums(serial)
-            assert out.stats["docs_out"] == serial.stats["docs_out"]
-        plain = run_dedup([manifest], f"file://{tmp_path}/plain", cfg, fingerprint="fp", dask_client=client)
+            assert out.stats["out"] == serial.stats["out"]
+        plain = run_dedup([manifest], f"file://{tmp_path}/plain", cfg, fingerprint="fp", map_fn=ClientMap(client))
         assert checksums(plain) == checksums(serial)

@@ -2,7 +2,7 @@ import math
 
 import numpy as np
 
-from tasks.dedup.cluster import choose_survivors, connected_components, size_bin
+from tasks.dedup.components import choose_survivors, connected_components, size_bin
 
 
 def _components(labels):

@@ -1,0 +1,58 @@
+"""Phase 4, one work item per input shard: the shard minus its dropped rows → ``docs-NNNNN.parquet``
+(surviving documents in input order), streamed row group by row group.
+
+Counters: ``in``, ``out``, ``dropped.exact_duplicate`` (an exact copy, after normalisation, of the
+document its cluster keeps), ``dropped.near_duplicate`` (any other removed member).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tasks import datasets
+from tasks.datasets import ShardResult, Stats
+from tasks.dedup.plan import REASONS, DedupPlan, document_batches
+from tasks.dedup.store import read_npy
+
+ROWS_PER_GROUP = 10_000
+
+
+def filter_shard(plan: DedupPlan, shard: int) -> ShardResult:
+    """Phase 4 for input shard ``shard``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    url = plan.output_url
+    schema = datasets.document_schema()
+    columns = list(datasets.DOCUMENT_COLUMNS)
+
+    def work() -> ShardResult:
+        drops = read_npy(datasets.join(url, f"_work/clusters/drops-{shard:05d}.npy"))
+        seen = 0
+
+        def write(f) -> int:
+            nonlocal seen
+            kept = 0
+            with pq.ParquetWriter(f, schema, compression="zstd") as writer:
+                for batch in document_batches(plan, shard, None, ROWS_PER_GROUP):
+                    missing = [c for c in columns if c not in batch.schema.names]
+                    if missing:
+                        raise datasets.DatasetError(
+                            f"{plan.shard_urls[shard]} lacks document columns {missing}; is it a smelt documents shard?"
+                        )
+                    keep = np.ones(batch.num_rows, dtype=bool)
+                    rows = drops["row"].astype(np.int64)
+                    keep[rows[(rows >= seen) & (rows < seen + batch.num_rows)] - seen] = False
+                    table = pa.Table.from_batches([batch]).select(columns).cast(schema).filter(pa.array(keep))
+                    writer.write_table(table)
+                    seen += batch.num_rows
+                    kept += table.num_rows
+            return kept
+
+        info = datasets.write_shard(url, f"docs-{shard:05d}.parquet", write)
+        stats = Stats({"in": seen, "out": info.rows})
+        for code, reason in REASONS.items():
+            stats.add(f"dropped.{reason}", int((drops["reason"] == code).sum()))
+        return ShardResult([info], stats)
+
+    return datasets.run_shard(url, f"docs-{shard:05d}", work)
