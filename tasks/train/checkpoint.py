@@ -272,6 +272,68 @@ def load_state(state_dict: dict, url: str, *, process_group=None, no_dist: bool 
         raise
 
 
+def relative_step(step: int) -> str:
+    """A step's folder relative to its run folder: what manifests record, so a moved run still resolves."""
+    return f"{CHECKPOINTS_DIR}/step-{step:08d}"
+
+
+def run_dir_of(step_url: str) -> str:
+    """``<run>/checkpoints/step-NNNNNNNN`` → ``<run>``."""
+    url = datasets.normalize_url(step_url).rstrip("/")
+    parent, _, name = url.rpartition("/")
+    if not _STEP_DIR.match(name) or not parent.endswith(f"/{CHECKPOINTS_DIR}"):
+        raise datasets.DatasetError(f"{step_url} is not a checkpoint folder (<run>/{CHECKPOINTS_DIR}/step-NNNNNNNN)")
+    return parent.rpartition("/")[0]
+
+
+def named_checkpoint(run_manifest: datasets.Manifest) -> str:
+    """The checkpoint a finished run's manifest names, resolved against where the run folder is now
+    (runs finished before paths were relative recorded an absolute URL: used as is)."""
+    ref = run_manifest.meta["checkpoint"]
+    return datasets.normalize_url(ref) if "://" in ref else datasets.join(run_manifest.meta["url"], ref)
+
+
+def resolve(url: str) -> str:
+    """A verified step URL from a step URL, a finished run (the checkpoint it names) or a run folder (its newest good one).
+
+    Raises DatasetError when the named checkpoint fails verification: a truncated or altered final
+    checkpoint is never handed on as the run's result.
+    """
+    url = datasets.normalize_url(url)
+    manifest = datasets.read_manifest(url)
+    if manifest is not None and manifest.kind == KIND:
+        step = url
+    elif manifest is not None and "checkpoint" in manifest.meta:
+        step = named_checkpoint(manifest)
+    else:
+        committed = list_committed(url)
+        if not committed:
+            raise datasets.DatasetError(f"{url} is neither a committed checkpoint nor a run directory with one; "
+                                        "pass a step-NNNNNNNN URL or the run directory")
+        return committed[-1]["url"]  # list_committed verified it
+    problems = verify_checkpoint(step)
+    if problems:
+        raise datasets.DatasetError(f"checkpoint {step} fails verification: {'; '.join(problems)}")
+    return step
+
+
+def finished_run(run_dir_url: str) -> datasets.Manifest | None:
+    """The finished run's manifest if the checkpoint it names verifies; None if the run must (re)train.
+
+    A finished run whose final checkpoint was truncated or altered is logged and reported unfinished:
+    relaunching it resumes from the newest good checkpoint and writes the final one again.
+    """
+    manifest = datasets.read_manifest(run_dir_url)
+    if manifest is None or "checkpoint" not in manifest.meta:
+        return manifest
+    problems = verify_checkpoint(named_checkpoint(manifest))
+    if problems:
+        log.warning("finished run %s names a bad checkpoint (%s); training again from the newest good one",
+                    manifest.meta["url"], "; ".join(problems))
+        return None
+    return manifest
+
+
 def _step_dirs(run_dir_url: str) -> dict[int, str]:
     """``step -> url`` of every ``step-NNNNNNNN`` folder, committed or not."""
     root = checkpoints_url(run_dir_url)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 import pytest
 import torch
 
 from tasks import datasets
 from tasks.config import from_dict, merge_overrides
+from tasks.eval.evaluate import load_model
+from tasks.train import checkpoint
 from tasks.train.checkpoint import list_committed
 from tasks.train.config import DataConfig, ParallelConfig, TrainConfig, preset
 from tasks.train.parallel_dims import ParallelDims
@@ -155,3 +158,43 @@ def test_dry_run_refuses_heads_that_tensor_parallel_cannot_split():
 def test_the_corpus_fixture_is_a_complete_tokens_dataset(corpus):
     manifest = datasets.open_dataset(corpus["corpus"], kind="tokens")
     assert manifest.meta["vocab_size"] == 256 and not datasets.verify(manifest)
+
+
+# -- a run folder is self-contained: moved, it resumes and evaluates; a bad final checkpoint is never the result --
+
+
+def finish(run_dir) -> datasets.Manifest:
+    """What the train flow commits when a launch ends: the run's manifest naming its final checkpoint."""
+    final = list_committed(str(run_dir))[-1]
+    return datasets.commit(str(run_dir), kind="model", fp="run-fp", shards=[], stats={},
+                           meta={"checkpoint": checkpoint.relative_step(final["step"]), "step": final["step"]})
+
+
+def test_a_moved_run_folder_resumes_and_evaluates_where_it_now_is(corpus, tmp_path):
+    first = train(corpus, tmp_path / "old", "steps=4", stop_after=2)
+    finish(tmp_path / "old")
+    shutil.move(tmp_path / "old", tmp_path / "new")
+
+    step_url = checkpoint.resolve(str(tmp_path / "new"))
+    assert step_url == datasets.normalize_url(str(tmp_path / "new" / "checkpoints" / "step-00000002"))
+    model, meta = load_model(step_url)  # eval's loader
+    assert meta["step"] == 2 and sum(p.numel() for p in model.parameters()) > 0
+
+    resumed = train(corpus, tmp_path / "new", "steps=4")
+    straight = train(corpus, tmp_path / "straight", "steps=4")
+    assert resumed["resumed_from"] == 2 and first["losses"] + resumed["losses"] == straight["losses"]
+    assert not (tmp_path / "old").exists()
+
+
+def test_a_truncated_final_checkpoint_is_never_named_as_the_result(corpus, tmp_path):
+    train(corpus, tmp_path, "steps=4")
+    finish(tmp_path)
+    data_file = next((tmp_path / "checkpoints" / "step-00000004").glob("*.distcp"))
+    data_file.write_bytes(data_file.read_bytes()[: data_file.stat().st_size // 2])
+
+    assert checkpoint.finished_run(str(tmp_path)) is None  # the flow trains again instead of reusing it
+    with pytest.raises(datasets.DatasetError, match="step-00000004 fails verification"):
+        checkpoint.resolve(str(tmp_path))  # eval and export resolve through this
+    resumed = train(corpus, tmp_path, "steps=4")  # and the relaunch rewrites it from the newest good one
+    assert resumed["resumed_from"] == 2 and not checkpoint.verify_checkpoint(
+        checkpoint.step_url(str(tmp_path), 4))
