@@ -83,21 +83,15 @@ def make_plan(inputs: Sequence[Manifest], output_url: str, cfg: DedupConfig) -> 
 
 
 def document_batches(plan: DedupPlan, shard: int, columns: list[str] | None, batch_rows: int) -> Iterator:
-    """The input shard's rows as pyarrow record batches of at most ``batch_rows``, in order."""
-    import pyarrow.parquet as pq
-
-    fs, path = datasets.filesystem(plan.shard_urls[shard])
-    with fs.open(path, "rb") as f:
-        yield from pq.ParquetFile(f).iter_batches(batch_size=batch_rows, columns=columns)
+    """The input shard's rows as pyarrow record batches of at most ``batch_rows``, in order
+    (the shard verified against its manifest first)."""
+    parquet = datasets.open_parquet(plan.shard_urls[shard], plan.shard_infos[shard])
+    yield from parquet.iter_batches(batch_size=batch_rows, columns=columns)
 
 
 def read_documents(plan: DedupPlan, shard: int, columns: list[str]):
-    """The given columns of one input shard as a table (small columns only: ids, scores)."""
-    import pyarrow.parquet as pq
-
-    fs, path = datasets.filesystem(plan.shard_urls[shard])
-    with fs.open(path, "rb") as f:
-        return pq.read_table(f, columns=columns)
+    """The given columns of one verified input shard as a table (small columns only: ids, scores)."""
+    return datasets.read_parquet(plan.shard_urls[shard], plan.shard_infos[shard], columns)
 
 
 def write_npy(dataset_url: str, name: str, array: np.ndarray) -> ShardInfo:

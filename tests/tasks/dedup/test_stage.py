@@ -82,3 +82,13 @@ def test_redoing_deleted_work_gives_byte_identical_output(tmp_path):
     assert _data_files(root) == before
     assert again.stats["out"] == out.stats["out"]
     assert [s.checksum for s in again.shards] == [s.checksum for s in out.shards]
+
+
+def test_a_corrupt_input_shard_stops_the_stage_with_an_error_naming_it(tmp_path):
+    manifest = write_documents(f"file://{tmp_path}/in", SHARDS)
+    shard = tmp_path / "in" / manifest.shards[1].name
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(datasets.DatasetError, match=manifest.shards[1].name):
+        run_dedup([manifest], f"file://{tmp_path}/out", DedupConfig(), fingerprint="fp")
