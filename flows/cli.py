@@ -228,6 +228,7 @@ def train(
     set_: SetOpt = None,
     nproc: Annotated[Optional[int], typer.Option(help="Processes for torchrun (default: launch.nproc).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the layout, memory and accumulation; train nothing.")] = False,
+    init_from: Annotated[Optional[str], typer.Option(help="Start from this Hugging Face Llama folder (continued pretraining).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Launch torchrun to train (or resume) a model on token datasets."""
@@ -236,6 +237,7 @@ def train(
     from flows.train import dry_run_report, train_flow
 
     overrides = list(set_ or []) + ([f"launch.nproc={nproc}"] if nproc else [])
+    overrides += [f"train.init_from={init_from}"] if init_from else []
     cfg = _config(config, overrides)
     if dry_run:
         _emit(dry_run_report(data, section(cfg, "train"), cfg.launch.nproc), as_json,
@@ -267,13 +269,15 @@ def evaluate(
 @app.command()
 def export(
     checkpoint: Annotated[str, typer.Option("--checkpoint", help="Checkpoint step URL or run folder.")],
-    output: Annotated[str, typer.Option("--output", "-o", help="Folder URL for model.safetensors + config.json.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Folder URL of the Hugging Face Llama folder to write.")],
+    dtype: Annotated[Optional[str], typer.Option(help="Cast the weights: bf16 | fp32 | fp16 (default: as saved).")] = None,
+    max_shard_size: Annotated[str, typer.Option(help="Split the weights into safetensors files of at most this size.")] = "5GB",
     as_json: JsonOpt = False,
 ) -> None:
-    """Consolidate a sharded checkpoint into one safetensors file loadable without torch.distributed."""
-    from tasks.train.export import export_checkpoint
+    """Export a checkpoint as a Hugging Face Llama folder (transformers, vLLM, lm-eval load it)."""
+    from tasks.train.export import export_checkpoint, parse_size
 
-    manifest = export_checkpoint(checkpoint, output)
+    manifest = export_checkpoint(checkpoint, output, dtype=dtype, max_shard_bytes=parse_size(max_shard_size))
     result = {"url": manifest.meta["url"], "checkpoint": manifest.meta.get("checkpoint"),
               "files": [s.name for s in manifest.shards], "bytes": sum(s.bytes for s in manifest.shards)}
     _emit(result, as_json, lambda r: console.print(f"exported {r['checkpoint']} to {r['url']} ({r['bytes']:,} bytes)"))

@@ -4,6 +4,18 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class HarnessConfig:
+    """lm-evaluation-harness on a last-word cloze task built from held-out documents (tasks/eval/harness.py)."""
+
+    enabled: bool = False
+    docs: int = 200  # cloze items (the first held-out documents long enough)
+    min_words: int = 8  # a document needs this many words before its target word
+    max_words: int = 64  # the passage is cut to this many words
+    max_tokens: int = 500_000  # held-out tokens read to find the documents
+    batch_size: int = 8
+
+
+@dataclass
 class EvalConfig:
     split: str = "val"
     seq_len: int = 0  # 0: the training sequence length
@@ -15,3 +27,4 @@ class EvalConfig:
         "This function returns",
     ])
     probe_tokens: int = 16
+    harness: HarnessConfig = field(default_factory=HarnessConfig)

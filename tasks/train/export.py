@@ -47,18 +47,8 @@ DEFAULT_SHARD_BYTES = 5 * 10**9
 
 
 def resolve_checkpoint(url: str) -> str:
-    """A step URL from a step URL, a finished run (its final checkpoint) or a run directory (newest good one)."""
-    url = datasets.normalize_url(url)
-    manifest = datasets.read_manifest(url)
-    if manifest is not None and manifest.kind == "checkpoint":
-        return url
-    if manifest is not None and manifest.kind == "model" and "checkpoint" in manifest.meta:
-        return manifest.meta["checkpoint"]
-    committed = checkpoint.list_committed(url)
-    if not committed:
-        raise datasets.DatasetError(f"{url} is neither a committed checkpoint nor a run directory with one; "
-                                    "pass a step-NNNNNNNN URL or the run directory")
-    return committed[-1]["url"]
+    """A verified step URL from a step URL, a finished run (its final checkpoint) or a run directory (newest good one)."""
+    return checkpoint.resolve(url)
 
 
 def _model_entries(step_url: str) -> tuple[dict[str, Any], str, dict[str, TensorStorageMetadata]]:
@@ -181,15 +171,15 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
         hf.CONFIG: _json_bytes(hf.hf_config(model_cfg, dtype=final_dtype, **ids)),
         hf.GENERATION_CONFIG: _json_bytes(hf.generation_config(**ids)),
     }
-    if tokens is not None:
-        from tasks.tokenize.tokenizer import TOKENIZER_FILE, hf_tokenizer_files
+    from tasks.tokenize.tokenizer import TOKENIZER_FILE, hf_tokenizer_files
 
-        fs, path = datasets.filesystem(datasets.join(tokens.meta["url"], TOKENIZER_FILE))
+    fs, path = datasets.filesystem(datasets.join(tokens.meta["url"], TOKENIZER_FILE)) if tokens else (None, None)
+    if tokens is not None and fs.exists(path):
         add_bos = bool((tokens.lineage.get("config") or {}).get("add_bos", False))
         files.update(hf_tokenizer_files(fs.cat_file(path).decode("utf-8"), add_bos=add_bos,
                                         max_length=model_cfg.max_seq_len, **ids))
     else:
-        log.warning("export: checkpoint %s records no tokens dataset; the export has no tokenizer", step_url)
+        log.warning("export: checkpoint %s names no tokens dataset with a tokenizer; the export has none", step_url)
     params = sum(entries[n].size.numel() for n in names)
     smelt_meta = {
         "format": FORMAT, "model": meta["model"], "step": meta.get("step"), "tokens": meta.get("tokens"),

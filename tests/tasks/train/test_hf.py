@@ -14,7 +14,7 @@ import torch
 
 from tasks import datasets
 from tasks.eval.evaluate import probe
-from tasks.tokenize.config import TokenizeConfig
+from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.stage import run_tokenize
 from tasks.tokenize.tokenizer import load_tokenizer, train_tokenizer
 from tasks.train import hf
@@ -50,9 +50,10 @@ def documents(url: str, n: int = 160, seed: int = 0) -> datasets.Manifest:
 
 def make_tokens(root, *, add_bos: bool = False) -> str:
     """A real tokens dataset (trained BPE tokenizer, the tokenize stage) under ``root``."""
-    cfg = TokenizeConfig(vocab_size=320, min_frequency=1, val_fraction=0.2, add_bos=add_bos)
     docs = documents(str(root / "docs"))
-    tok = train_tokenizer([docs], str(root / "tokenizer"), cfg, fingerprint="tok")
+    tok = train_tokenizer([docs], str(root / "tokenizer"), TokenizerConfig(vocab_size=320, min_frequency=1),
+                          fingerprint="tok")
+    cfg = TokenizeConfig(val_fraction=0.2, add_bos=add_bos)
     return run_tokenize([docs], tok.meta["url"], str(root / "tokens"), cfg, fingerprint="tokens").meta["url"]
 
 
@@ -226,3 +227,38 @@ def test_configs_smelt_cannot_represent_are_refused_in_one_sentence():
         hf.model_config({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     with pytest.raises(ValueError, match="vocabulary holds 100"):
         hf.model_config(base, vocab_size=200)
+
+
+def train_small(tokens: str, run_dir: str, steps: int = 30) -> str:
+    """A tiny Llama trained by smelt's Trainer (one process) on ``tokens``; its run folder."""
+    from tasks.config import from_dict
+    from tasks.train.config import TrainConfig
+    from tasks.train.trainer import Trainer
+
+    cfg = from_dict(TrainConfig, {"steps": steps, "model": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+                                                            "ffn_hidden": 128, "max_seq_len": 128},
+                                  "data": {"seq_len": 64, "global_batch": 8, "prefetch": 0},
+                                  "checkpoint": {"interval_steps": 0, "async_mode": "off"}})
+    trainer = Trainer(cfg, {"main": tokens}, run_dir)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return run_dir
+
+
+def test_a_trained_model_exports_with_equal_logits_and_generations(tmp_path, tokens):
+    from tasks.eval.evaluate import load_model as load_checkpoint
+
+    run = train_small(tokens, str(tmp_path / "run"))
+    export_checkpoint(run, str(tmp_path / "export"))
+    model, _ = load_checkpoint(datasets.normalize_url(run) + "/checkpoints/step-00000030")
+    ids = torch.tensor([load_tokenizer(tokens).encode("the quick brown fox jumps over the lazy dog and then").ids])
+    with torch.no_grad():
+        assert (hf_logits(tmp_path / "export", ids) - model(ids)).abs().max().item() < 1e-4
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "export"), dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "export"))
+    for want in probe(model, load_tokenizer(tokens), ["the cat", "a big"], 12):
+        prompt = tok(want["prompt"], return_tensors="pt")["input_ids"]
+        out = hf_model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=None)
+        assert tok.decode(out[0, prompt.shape[1]:]) == want["completion"]
