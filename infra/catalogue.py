@@ -49,6 +49,13 @@ CATALOGUE: dict[str, GPU] = {
     "b200": GPU("b200", "B200 180GB (HGX)", peak_tflops=2250, memory_gb=180, nvlink_gbps=900, internode_gbps=50,
                 gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0, compute_efficiency=0.543),
 }
+# Variants that published runs used (infra/validation.py): A100 40GB; the H100 in Meta's Grand Teton hosts
+# that torchtitan benchmarked (96 GB HBM2e at 2.4 TB/s, 500 W power limit, so below the SXM peak by an
+# unpublished amount: torchtitan's benchmarks/llama3_h100_202412_torchtitan.md).
+CATALOGUE["a100-40gb"] = dataclasses.replace(CATALOGUE["a100"], name="a100-40gb", label="A100 40GB SXM", memory_gb=40,
+                                             hbm_tbps=1.555)
+CATALOGUE["h100-96gb-500w"] = dataclasses.replace(CATALOGUE["h100"], name="h100-96gb-500w",
+                                                  label="H100 96GB HBM2e, 500 W", memory_gb=96, hbm_tbps=2.4)
 ALIASES = {"a100-80gb": "a100", "h100-sxm": "h100", "h100-80gb": "h100", "h200-141gb": "h200"}
 
 

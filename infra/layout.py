@@ -20,14 +20,11 @@ allows one layer per virtual stage, as Llama 3 did; only the calibration against
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from tasks.train.config import ModelConfig, ParallelConfig
-
-AC_MODES = ("none", "selective", "full")
-TRAINER_SCHEDULES = {"1F1B": 1, "Interleaved1F1B": 2, "ZBVZeroBubble": 2}  # schedule → stages per rank
+from tasks.train.config import AC_MODES, ModelConfig, ParallelConfig
+from tasks.train.config import PP_SCHEDULES as TRAINER_SCHEDULES  # schedule → stages per rank (the trainer's)
 PRECISIONS = ("bf16", "fp8")
 
 
@@ -158,6 +155,7 @@ class StageSplit:
     output_on_first: bool
     per_rank: tuple[int, ...] = ()  # layers on each rank
     output_rank: int = 0
+    first_chunks: tuple[int, ...] = ()  # layers of each of rank 0's virtual stages, in schedule order
 
     @property
     def max_params(self) -> int:
@@ -169,12 +167,12 @@ def split_stages(shape: ModelShape, pp: int, virtual_stages: int = 1, balanced: 
     """How ``n_layers`` land on ``pp`` ranks (see the module docstring for the two ways)."""
     key = (pp, virtual_stages, balanced, folded)
     if key not in shape.splits:
-        shape.splits[key] = (_balanced_split(shape, pp) if balanced
+        shape.splits[key] = (_balanced_split(shape, pp, virtual_stages) if balanced
                              else _even_split(shape, pp, virtual_stages, folded))
     return shape.splits[key]
 
 
-def _stage_split(shape: ModelShape, per_rank: list[int], output_rank: int) -> StageSplit:
+def _stage_split(shape: ModelShape, per_rank: list[int], output_rank: int, first_chunks: list[int]) -> StageSplit:
     lp, lf = shape.layer_params, shape.layer_flops
     loads = [n * lf for n in per_rank]
     loads[output_rank] += shape.output_flops
@@ -183,7 +181,8 @@ def _stage_split(shape: ModelShape, per_rank: list[int], output_rank: int) -> St
     params[output_rank] += shape.output_params
     return StageSplit(first_layers=per_rank[0], last_layers=per_rank[output_rank], max_layers=max(per_rank),
                       max_flops=max(loads), first_params=params[0], last_params=params[output_rank],
-                      output_on_first=output_rank == 0, per_rank=tuple(per_rank), output_rank=output_rank)
+                      output_on_first=output_rank == 0, per_rank=tuple(per_rank), output_rank=output_rank,
+                      first_chunks=tuple(first_chunks))
 
 
 def _even_split(shape: ModelShape, pp: int, virtual_stages: int, folded: bool) -> StageSplit:
@@ -193,21 +192,23 @@ def _even_split(shape: ModelShape, pp: int, virtual_stages: int, folded: bool) -
     base, extra = divmod(shape.cfg.n_layers, stages)
     layers = [base + (1 if s < extra else 0) for s in range(stages)]
     if folded:
-        return _stage_split(shape, [layers[r] + layers[stages - 1 - r] for r in range(pp)], output_rank=0)
-    return _stage_split(shape, [sum(layers[r::pp]) for r in range(pp)], output_rank=pp - 1)
+        return _stage_split(shape, [layers[r] + layers[stages - 1 - r] for r in range(pp)], output_rank=0,
+                            first_chunks=[layers[0], layers[-1]])
+    return _stage_split(shape, [sum(layers[r::pp]) for r in range(pp)], output_rank=pp - 1,
+                        first_chunks=layers[0::pp])
 
 
-def _balanced_split(shape: ModelShape, pp: int) -> StageSplit:
-    """Llama 3's balancing (paper §3.3.2): one layer fewer on the first rank (embedding) and on the last
-    (output projection and loss); the others share the rest evenly, remainder on earlier ranks."""
-    n = shape.cfg.n_layers
-    if pp == 1:
-        return _stage_split(shape, [n], output_rank=0)
-    base, extra = divmod(n + 2, pp)
-    layers = [base + (1 if r < extra else 0) for r in range(pp)]
+def _balanced_split(shape: ModelShape, pp: int, virtual_stages: int) -> StageSplit:
+    """Llama 3's balancing (paper §3.3.2): the first virtual stage gives up one layer for the embedding and
+    the last one for the output projection and loss; the others share the layers evenly, remainder first.
+    With one layer per virtual stage, those two hold no layer at all (126 layers on 16 × 8 stages)."""
+    stages = pp * virtual_stages
+    base, extra = divmod(shape.cfg.n_layers + 2, stages)
+    layers = [base + (1 if s < extra else 0) for s in range(stages)]
     layers[0] -= 1
     layers[-1] -= 1
-    return _stage_split(shape, layers, output_rank=pp - 1)
+    return _stage_split(shape, [sum(layers[r::pp]) for r in range(pp)], output_rank=pp - 1,
+                        first_chunks=layers[0::pp])
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ Llama 3 runs, whose layout is Megatron-style): sequence-parallel layers save the
 all-gather it again in the backward, and the fused SwiGLU keeps only its input and output:
   block input, norm output, q, attention output, second block input, norm output: 12h/t
   k, v: 4kv/t; SwiGLU input (w1 and w3 outputs) and output: 6f/t
-Megatron's "selective" recomputes the attention core, which flash attention already does: same as none.
+``saves="torchtitan"`` differs only in its selective policy, which keeps every other matmul output:
+(8h + 2kv + 2f)/t. Megatron's "selective" recomputes the attention core, which flash attention already does: same as none.
 Under FP8 (Transformer Engine) the three norm/SwiGLU outputs that feed a linear layer are kept in FP8:
-(10h + 4kv + 5f)/t, and every GPU holds FP8 copies of its weights and their transposes (``fp8_weight_bytes``).
+(10h + 4kv + 5f)/t, and each layer keeps the FP8 copy of its weights for the backward (``fp8_weight_bytes``).
 Context parallel splits every sequence over cp ranks, so activations scale with seq_len / cp.
 """
 
@@ -52,8 +53,9 @@ class MemoryAssumptions:
     runtime_gb: float = 3.0  # CUDA context, NCCL buffers, cuBLAS workspaces
     headroom: float = 0.10  # fraction of device memory left for allocator fragmentation
     logits_bytes: int = 8  # bf16 logits + fp32 softmax/gradient per vocab entry in the loss
-    saves: str = "torch"  # torch (smelt's trainer, torchtitan, llm-foundry) | megatron (Megatron/TE, Llama 3)
-    fp8_weight_bytes: int = 2  # Transformer Engine: an FP8 copy of each weight and of its transpose
+    saves: str = "torch"  # torch (smelt's trainer, llm-foundry) | torchtitan | megatron (Megatron/TE, Llama 3)
+    fp8_weight_bytes: int = 1  # Transformer Engine: the FP8 copy of each weight saved for the backward
+    fp8_params: bool = False  # FP8 runs keep the layers' weights in FP8 (Megatron's --fp8-param-gather)
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ def model_state_bytes(params: float, zero: int, shards: int, a: MemoryAssumption
     return p, g, o
 
 
-SAVES = ("torch", "megatron")
+SAVES = ("torch", "torchtitan", "megatron")
 
 
 def layer_activation_bytes(shape: ModelShape, tp: int, activation_checkpoint: str, saves: str = "torch",
@@ -116,6 +118,10 @@ def layer_activation_bytes(shape: ModelShape, tp: int, activation_checkpoint: st
         if precision == "fp8":
             return (10 * h + 4 * kv + 5 * f) / tp
         return (12 * h + 4 * kv + 6 * f) / tp
+    if saves == "torchtitan" and activation_checkpoint == "selective":
+        # torchtitan's op-level policy keeps every other matmul output (q, v, w1, w2) and attention's:
+        # block input, q, attention output, w2 output; v; w1 output
+        return (8 * h + 2 * kv + 2 * f) / tp
     if activation_checkpoint == "none":
         return 4 * h + (8 * h + 4 * kv + 8 * f) / tp
     if activation_checkpoint == "selective":
@@ -133,15 +139,21 @@ def _stage_activations(shape: ModelShape, layout: Layout, layers: int, tokens: i
     return layers * kept * tokens + max(whole - kept, 0.0) * tokens
 
 
-def inflight_microbatches(layout: Layout, microbatches: int) -> float:
-    """Micro-batches whose activations the first stage holds at its peak (1F1B warm-up; interleaving adds
-    (p-1)/(p·v), Korthikanti et al. 2022 §4.2.3; ZB-V keeps 1F1B's peak, Qi et al. 2024)."""
+def inflight_microbatches(layout: Layout, microbatches: int, chunks: tuple[int, ...] = ()) -> float:
+    """Micro-batches of the first rank's layers whose activations it holds at its peak. 1F1B: min(m, pp).
+    Interleaving: Megatron's warm-up runs 2(pp−1) + (v−1)·pp forwards before the first backward, in groups
+    of pp micro-batches per virtual stage, then one more; ``chunks`` (layers per virtual stage, in order)
+    weights each forward by its stage's layers. Uniform stages give pp·(1 + (pp−1)/(pp·v)) (Korthikanti
+    et al. 2022 §4.2.3). ZB-V keeps 1F1B's peak (Qi et al. 2024)."""
     if layout.pp == 1:
         return 1.0
     held = min(microbatches, layout.pp)
-    if layout.virtual_stages > 1 and layout.pp_schedule != "ZBVZeroBubble":  # ZB-V: 1F1B's memory
-        held *= 1 + (layout.pp - 1) / (layout.pp * layout.virtual_stages)
-    return held
+    if layout.virtual_stages == 1 or layout.pp_schedule == "ZBVZeroBubble":
+        return held
+    v, pp = layout.virtual_stages, layout.pp
+    chunks = chunks if len(chunks) == v and sum(chunks) else (1,) * v
+    forwards = min(2 * (pp - 1) + (v - 1) * pp + 1, microbatches * v)
+    return sum(chunks[(k // pp) % v] for k in range(forwards)) / sum(chunks)
 
 
 def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: int,
@@ -154,14 +166,18 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     # FSDP gathers one unit (layer, or the larger embedding/output) at a time, prefetching the next.
     unit = max(shape.layer_params, shape.embedding_params, shape.output_params) / layout.tp
     buffers = {3: unit * (2 * a.param_bytes + a.grad_bytes), 2: unit * a.grad_bytes}.get(layout.zero, 0.0)
-    if layout.precision == "fp8" and a.saves == "megatron":  # TE's FP8 weight copies (the matrices, not the vocab)
+    if layout.precision == "fp8" and a.saves == "megatron":
         held = split.max_layers if layout.zero < 3 else 2  # ZeRO-3: the gathered layer and the prefetched one
-        buffers += a.fp8_weight_bytes * held * shape.layer_params / layout.tp
+        if a.fp8_params:  # the layers' weights are stored in FP8: a byte per parameter less
+            layer_weights = split.max_layers * shape.layer_params / layout.tp
+            params -= (a.param_bytes - 1) * layer_weights / (layout.state_shards if layout.zero >= 3 else 1)
+        else:  # TE's FP8 copies of the layers' weights (not the vocabulary's)
+            buffers += a.fp8_weight_bytes * held * shape.layer_params / layout.tp
 
     tokens = layout.micro_batch * shape.seq_len // layout.cp
     first = _stage_activations(shape, layout, split.first_layers, tokens, a.saves)
     working = _stage_activations(shape, layout, 0, tokens, a.saves)  # held once, not per micro-batch in flight
-    first_stage = (first - working) * inflight_microbatches(layout, microbatches) + working
+    first_stage = (first - working) * inflight_microbatches(layout, microbatches, split.first_chunks) + working
     last_stage = _stage_activations(shape, layout, split.last_layers, tokens, a.saves)
     logits = tokens * shape.cfg.vocab_size / layout.tp * a.logits_bytes
     if layout.pp == 1 or split.output_on_first:

@@ -46,10 +46,14 @@ class TimingAssumptions:
     pp_overlap: float = 0.50  # share of pipeline send/receive hidden behind compute
     cp_overlap: float = 0.90  # share of a layer's attention compute the ring exchange can hide behind
     fp8_speedup: float = 1.0  # FP8 linear GEMM rate / bf16 GEMM rate; infra/validation.py fits it
+    gather_bytes: float = 2.0  # bytes per parameter FSDP all-gathers: bf16, or 1 with float8 all-gather
+    attention: float = 1.0  # rate of attention's FLOPs (as counted: 12·H·Q·T) relative to the GEMMs'
 
     def __post_init__(self) -> None:
         if not 1 <= self.fp8_speedup <= 4:
             raise ValueError(f"fp8_speedup must be in [1, 4], got {self.fp8_speedup}")
+        if not 0 < self.attention <= 2:
+            raise ValueError(f"attention must be in (0, 2], got {self.attention}")
         for name in ("compute", "network"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
@@ -131,6 +135,25 @@ def _bubble_share(shape: ModelShape, layout: Layout) -> float:
     return max(f + b - 2 * w, 0.0) / (f + b + w)
 
 
+def _group_bandwidth(gpu: GPU, inner: int, size: int, nvlink: float, nic: float) -> float:
+    """Per-rank ring bandwidth of a group of ``size`` ranks spaced ``inner`` ranks apart in the mesh. Inside a
+    node it is NVLink; across nodes NCCL runs one ring per NIC, so the k group members on a node share
+    k NICs and the group moves k × the per-GPU NIC bandwidth, up to NVLink's (nccl-tests' bus bandwidth on
+    8-NIC nodes is close to the node's aggregate NIC bandwidth)."""
+    if inner * size <= gpu.gpus_per_node:
+        return nvlink
+    per_node = max(1, min(size, gpu.gpus_per_node // inner))
+    return min(nvlink, per_node * nic)
+
+
+def _elementwise_bytes(shape: ModelShape, tp: int) -> float:
+    """HBM bytes per token and layer of the memory-bound ops, forward and backward: two RMSNorms (10h each),
+    two residual adds (12h each), rotary on q and k (8(h + kv)), SwiGLU's SiLU and product (16f)."""
+    c = shape.cfg
+    h, kv, f = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
+    return (52 * h + 8 * kv + 16 * f) / tp
+
+
 def _fp8_cast_bytes(shape: ModelShape, tp: int) -> float:
     """HBM bytes per token and layer for FP8 casts: linear inputs q/k/v, wo, w1/w3, w2 (3h + f) forward and
     the output gradients (h + 2kv), h, 2f, h backward, 6 bytes per element (see the module docstring)."""
@@ -153,11 +176,13 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
 
     # Seconds per token on one rank: a layer's linear GEMMs (FP8 or bf16) and attention (bf16), the output.
     linear_flops = shape.layer_flops - shape.attention_flops
-    attention_s = shape.attention_flops / layout.tp / rate
-    layer_s = linear_flops / layout.tp / (rate * (a.fp8_speedup if fp8 else 1.0)) + attention_s
+    attention_s = shape.attention_flops / layout.tp / (rate * a.attention)
+    layer_s = (linear_flops / layout.tp / (rate * (a.fp8_speedup if fp8 else 1.0)) + attention_s
+               + _elementwise_bytes(shape, layout.tp) / hbm)
     if fp8:
         layer_s += _fp8_cast_bytes(shape, layout.tp) / hbm
-    output_s = shape.output_flops / layout.tp / rate
+    # the logits matmul, then the loss reads and writes the logits (bf16 and fp32 softmax, forward and back)
+    output_s = shape.output_flops / layout.tp / rate + 12 * cfg.vocab_size / layout.tp / hbm
     per_rank = split.per_rank or (split.max_layers,)
     loads = [n * layer_s + (output_s if r == split.output_rank else 0.0) for r, n in enumerate(per_rank)]
     layers = split.max_layers
@@ -180,7 +205,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
 
     cp = 0.0
     if layout.cp > 1:  # ring attention: K and V chunks forward; K, V and their gradients backward
-        link = nvlink if layout.tp * layout.cp <= gpu.gpus_per_node else nic
+        link = _group_bandwidth(gpu, layout.tp, layout.cp, nvlink, nic)
         kv_chunk = tokens * 2 * cfg.n_kv_heads * cfg.head_dim / layout.tp * 2
         ring_fwd = (layout.cp - 1) * kv_chunk / link
         attn_fwd = tokens * attention_s / 3
@@ -192,10 +217,11 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     # replicas (HSDP).
     params = split.max_params / layout.tp
     shards = layout.state_shards
-    shard_bw = nvlink if layout.tp * shards <= gpu.gpus_per_node else nic
-    gather = 2 * params * _ring(shards) / shard_bw  # one all-gather of bf16 parameters
+    shard_bw = _group_bandwidth(gpu, layout.tp, shards, nvlink, nic)
+    replica_bw = _group_bandwidth(gpu, layout.tp * shards, layout.dp_replicate, nvlink, nic)
+    gather = a.gather_bytes * params * _ring(shards) / shard_bw  # one all-gather of the parameters
     scatter = 4 * params * _ring(shards) / shard_bw  # one reduce-scatter of fp32 gradients
-    scatter += 2 * 4 * params / shards * _ring(layout.dp_replicate) / nic  # HSDP all-reduce
+    scatter += 2 * 4 * params / shards * _ring(layout.dp_replicate) / replica_bw  # HSDP all-reduce
     fwd_window, bwd_window = compute / 3, compute * 2 / 3 + recompute
     if layout.pp > 1 or layout.zero < 2:  # gather in the first forward, scatter in the last backward
         dp = _hidden(gather, fwd_window, layers, a.dp_overlap) + _hidden(scatter, bwd_window, layers, a.dp_overlap)

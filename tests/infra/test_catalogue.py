@@ -5,8 +5,8 @@ import pytest
 from infra.catalogue import CATALOGUE, gpu, parse_overrides
 
 
-def test_catalogue_holds_the_four_gpus_with_dense_bf16_peaks():
-    assert set(CATALOGUE) == {"a100", "h100", "h200", "b200"}
+def test_catalogue_holds_the_four_gpus_and_two_published_variants_with_dense_bf16_peaks():
+    assert set(CATALOGUE) == {"a100", "h100", "h200", "b200", "a100-40gb", "h100-96gb-500w"}
     assert [CATALOGUE[g].peak_tflops for g in ("a100", "h100", "h200", "b200")] == [312, 989, 989, 2250]
     assert CATALOGUE["h200"].memory_gb == 141 and CATALOGUE["h100"].memory_gb == 80
 

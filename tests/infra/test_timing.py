@@ -54,18 +54,28 @@ def test_zero_bubble_v_leaves_a_small_share_of_the_1f1b_bubble():
     assert zbv.bubble < 0.1 * one_f_one_b.bubble
 
 
-def test_one_gpu_without_communication_runs_at_the_compute_efficiency():
+def _seconds_per_token(shape, rate, hbm=3.35e12):
+    """Hand count for the 125m model (h 768, kv 256, f 2048, 12 layers, vocabulary 32,000): GEMMs at ``rate``,
+    the memory-bound ops (52h + 8kv + 16f bytes per layer) and the loss (12 bytes per logit) at HBM speed."""
+    layer = shape.layer_flops / rate + (52 * 768 + 8 * 256 + 16 * 2048) / hbm
+    return layer, 12 * layer + shape.output_flops / rate + 12 * 32000 / hbm
+
+
+def test_one_gpu_without_communication_runs_at_the_compute_efficiency_plus_memory_bound_ops():
     shape = ModelShape(PRESETS["125m"], 2048)
     step = step_time(shape, Layout(1, 1, 1, 1, 3, 1), gpu("h100"), global_seqs=4, a=TimingAssumptions(compute=0.5))
-    assert step.tp_comm == step.dp_comm == step.bubble == step.pp_comm == 0
-    assert step.mfu == pytest.approx(0.5)
+    assert step.tp_comm == step.dp_comm == step.bubble == step.pp_comm == step.cp_comm == 0
+    _, per_token = _seconds_per_token(shape, 0.5 * 989e12)
+    assert step.mfu == pytest.approx(shape.flops_per_token / (per_token * 989e12))
+    assert 0.35 < step.mfu < 0.5  # a small model loses a fifth of its time to memory-bound ops
 
 
 def test_full_recomputation_costs_one_more_forward_of_the_layers():
     shape = ModelShape(PRESETS["125m"], 2048)
     step = step_time(shape, Layout(1, 1, 1, 1, 3, 1, "full"), gpu("h100"), 4, TimingAssumptions(compute=0.5))
-    expected = 0.5 * shape.flops_per_token / (shape.flops_per_token + 12 * shape.layer_flops / 3)
-    assert step.mfu == pytest.approx(expected)
+    layer, per_token = _seconds_per_token(shape, 0.5 * 989e12)
+    assert step.recompute == pytest.approx(4 * 2048 * 12 * layer / 3)
+    assert step.mfu == pytest.approx(shape.flops_per_token / ((per_token + 12 * layer / 3) * 989e12))
 
 
 def test_selective_recomputation_costs_memory_traffic_not_flops():

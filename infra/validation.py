@@ -1,0 +1,408 @@
+"""The planner against published training runs: each row is a run as its authors published it, scored by
+``infra.planner.evaluate`` with the layout they ran, next to the throughput they reported.
+
+``python -m infra.validation`` (or ``smelt plan --validate``) prints the table and the error summary;
+``--json`` prints one JSON object. infra/README.md discusses the result.
+
+How a row is scored:
+- The model shape, GPU, GPU count, sequence length, global batch, precision and every published layout
+  degree are used as published. Inputs a source does not publish (the micro-batch size, the virtual
+  pipeline stages, the recomputation) are searched: the fastest combination that fits in memory, as the
+  planner would pick it. Each row says which inputs were searched.
+- A *stack* is the software that ran the run. It sets what the memory model counts (``saves``: torch's
+  autograd saves or Megatron/Transformer Engine's) and whether tensor-parallel collectives overlap compute
+  (Megatron's ``--tp-comm-overlap``, torchtitan's async TP).
+- Throughput published as model TFLOP/s or MFU is turned into tokens/s with smelt's FLOPs per token
+  (6N + 12·L·H·Q·T, the count Megatron, NeMo and torchtitan use for dense decoders).
+- GPT/MPT blocks (a two-matrix GELU MLP of width 4h) are counted as a SwiGLU of the same parameters and FLOPs
+  (width 8h/3, rounded to a multiple of 8), with untied output weights where the FLOPs count includes the
+  logits (Megatron's formula does).
+
+Fitted constants (``FITTED``), each solved on one stated row, in this order; every other row is a prediction:
+- ``meta``, ``megatron``, ``llm-foundry``, ``torchtitan``: the fraction of the H100/H200 SXM dense bf16 peak a
+  stack's GEMM math reaches when nothing waits on the network (kernel quality, fusion, launch overheads);
+- ``fp8_speedup``: how many times faster the FP8 linear GEMMs run than bf16 ones (datasheet: 2);
+- ``a100``, ``h100-96gb-500w``: that GPU's efficiency relative to an H100 SXM under the same stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import statistics
+from dataclasses import dataclass
+
+from infra.catalogue import gpu as lookup_gpu
+from infra.layout import Layout, ModelShape, check_shape, parse_layout
+from infra.memory import GB, MemoryAssumptions, memory_per_rank
+from infra.timing import TimingAssumptions, step_time
+from tasks.train.config import PRESETS, ModelConfig
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The training software behind a published run, as far as the planner's model distinguishes it."""
+
+    name: str
+    label: str
+    saves: str  # infra.memory.SAVES
+    tp_overlap: bool  # tensor-parallel collectives overlap the GEMMs
+    logits_bytes: int = 8  # bytes per vocabulary entry the loss holds (torchtitan: bf16 + fp32 copy + grads)
+    grad_bytes: int = 4  # gradient buffers: fp32, or bf16 where the stack reduces in bf16
+    fp8_params: bool = False  # FP8 runs store the layers' weights in FP8
+    efficiency: str = ""  # the FITTED constant for its GEMM efficiency ('' = its name)
+
+    @property
+    def constant(self) -> str:
+        return self.efficiency or self.name
+
+
+STACKS = {
+    "meta": Stack("meta", "Meta's Llama 3 stack", saves="megatron", tp_overlap=False),
+    "megatron": Stack("megatron", "Megatron-LM / NeMo (Megatron-Core + Transformer Engine)", saves="megatron",
+                      tp_overlap=True),
+    # NeMo's performance scripts (scripts/performance/helpers.py, set_precision_configs) reduce gradients in
+    # bf16 and, for FP8, gather FP8 parameters (recipes/precision/mixed_precision.py: fp8_param_gather).
+    "nemo": Stack("nemo", "NeMo / Megatron-Bridge performance recipes (Megatron-Core + Transformer Engine)",
+                  saves="megatron", tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron"),
+    "llm-foundry": Stack("llm-foundry", "MosaicML LLM Foundry (Composer, PyTorch FSDP)", saves="torch",
+                         tp_overlap=False),
+    "torchtitan": Stack("torchtitan", "torchtitan (PyTorch FSDP2/TP/PP, torch.compile, torchao float8)",
+                        saves="torchtitan", tp_overlap=False, logits_bytes=12),
+}
+
+
+def _gpt(dim: int, layers: int, heads: int, vocab: int) -> ModelConfig:
+    """A GPT block (GELU MLP of width 4h) as the equal-FLOPs SwiGLU (see the module docstring)."""
+    return ModelConfig(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=heads, ffn_hidden=8 * round(dim / 3),
+                       vocab_size=vocab)
+
+
+def _mpt(dim: int, layers: int, heads: int) -> ModelConfig:
+    """MPT (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml): GPT blocks, vocabulary 50,368, tied."""
+    return dataclasses.replace(_gpt(dim, layers, heads, 50368), tie_embeddings=True)
+
+
+LLAMA2_7B = ModelConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_hidden=11008, vocab_size=32000)
+LLAMA2_13B = ModelConfig(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, ffn_hidden=13824, vocab_size=32000)
+LLAMA2_70B = ModelConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, vocab_size=32000)
+MPT = {"1b": _mpt(2048, 24, 16), "3b": _mpt(2560, 32, 20), "7b": _mpt(4096, 32, 32), "13b": _mpt(5120, 40, 40),
+       "30b": _mpt(7168, 48, 56), "70b": _mpt(8192, 80, 64)}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: its inputs as published and its throughput in the unit the source used."""
+
+    key: str
+    stack: str
+    source: str  # document and table/figure
+    model: str
+    cfg: ModelConfig
+    gpu: str  # infra.catalogue name
+    gpus: int
+    seq_len: int
+    global_batch: int  # sequences per optimizer step
+    layout: str  # infra.layout.parse_layout syntax
+    precision: str
+    published: float
+    unit: str  # tokens/s/GPU | TFLOP/s/GPU
+    memory_gib: float | None = None  # published peak memory per GPU
+    search: tuple[str, ...] = ()  # unpublished inputs the planner picks: mb, vp, ac
+    tp_overlap: bool | None = None  # None: the stack's default
+    fp8_all_gather: bool = False  # FSDP all-gathers FP8 weights (torchao enable_fsdp_float8_all_gather)
+    fits: str | None = None  # the FITTED constant this row determines
+
+    def published_tokens_per_gpu(self) -> float:
+        if self.unit == "tokens/s/GPU":
+            return self.published
+        return self.published * 1e12 / ModelShape(self.cfg, self.seq_len).flops_per_token
+
+
+LLAMA3 = "Llama 3 paper (Dubey et al. 2024), Table 4"
+MEGATRON = "NVIDIA/Megatron-LM README.md, Performance Benchmarking (images/model_table.png, Megatron-Core r0.8.0)"
+NEMO_2407 = "NVIDIA/NeMo docs/source/performance/performance_summary.md, pre-training table (NeMo 24.07, FP8)"
+BRIDGE_2511 = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, 25.11 container, DGX-H100"
+FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md, table "
+TITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table "
+TRAINY = "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md"
+MEGATRON_SEARCH = ("mb", "vp", "ac")
+
+RUNS: list[Run] = [
+    # Meta, Llama 3 405B on H100 80GB (700 W). §3.3.2: FSDP shards optimizer states and gradients but does not
+    # reshard parameters after the forward (ZeRO-2); one layer fewer on the first and the last stage, whose
+    # outer virtual stages hold only the embedding and the output: 126 layers on 16 × 8 virtual stages.
+    Run("llama3-405b-8k", "meta", LLAMA3 + ", row 1", "Llama 3 405B", PRESETS["405b"], "h100", 8192, 8192, 2048,
+        "tp=8,pp=16,dp=64,mb=1,vp=8,zero=2,balanced=1,ac=none", "bf16", 430, "TFLOP/s/GPU", fits="meta"),
+    Run("llama3-405b-16k", "meta", LLAMA3 + ", row 2", "Llama 3 405B", PRESETS["405b"], "h100", 16384, 8192, 2048,
+        "tp=8,pp=16,dp=128,mb=1,vp=8,zero=2,balanced=1,ac=none", "bf16", 400, "TFLOP/s/GPU"),
+    Run("llama3-405b-16k-cp16", "meta", LLAMA3 + ", row 3", "Llama 3 405B", PRESETS["405b"], "h100", 16384, 131072,
+        128, "tp=8,cp=16,pp=16,dp=8,mb=1,vp=8,zero=2,balanced=1,ac=none", "bf16", 380, "TFLOP/s/GPU",
+        fits="attention"),
+    # Megatron-LM weak scaling on H100: GPT models, vocabulary 131,072, sequence 4,096, DP 48.
+    *[Run(f"megatron-{size}", "megatron", MEGATRON, f"GPT {size}", _gpt(h, n, a, 131072), "h100", gpus, 4096, batch,
+          f"tp={tp},pp={pp},dp=48,zero=1", "bf16", tflops, "TFLOP/s/GPU", search=MEGATRON_SEARCH,
+          fits="megatron" if size == "177B" else None)
+      for size, a, h, n, tp, pp, gpus, batch, tflops in (
+          ("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
+          ("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1), ("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6),
+          ("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7), ("119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+          ("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8), ("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+          ("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9))],
+    # NeMo 24.07 on DGX-H100, FP8 (Transformer Engine).
+    Run("nemo-gpt3-175b-128", "nemo", NEMO_2407, "GPT-3 175B", _gpt(12288, 96, 96, 51200), "h100", 128, 2048,
+        256, "tp=4,pp=8,vp=6,mb=1,zero=1", "fp8", 716, "tokens/s/GPU", search=("ac",)),
+    Run("nemo-gpt3-175b-512", "nemo", NEMO_2407, "GPT-3 175B", _gpt(12288, 96, 96, 51200), "h100", 512, 2048,
+        2048, "tp=4,pp=8,vp=6,mb=2,zero=1", "fp8", 825, "tokens/s/GPU", search=("ac",)),
+    Run("nemo-llama2-7b-8", "nemo", NEMO_2407, "Llama 2 7B", LLAMA2_7B, "h100", 8, 4096, 128, "tp=1,pp=1,mb=1,zero=1",
+        "fp8", 16934, "tokens/s/GPU", search=("ac",)),
+    Run("nemo-llama2-13b-16", "nemo", NEMO_2407, "Llama 2 13B", LLAMA2_13B, "h100", 16, 4096, 128,
+        "tp=1,pp=4,vp=10,mb=1", "fp8", 8715, "tokens/s/GPU", search=("ac",)),
+    Run("nemo-llama2-70b-64", "nemo", NEMO_2407, "Llama 2 70B", LLAMA2_70B, "h100", 64, 4096, 128,
+        "tp=4,pp=4,vp=20,mb=1", "fp8", 1728, "tokens/s/GPU", search=("ac",), fits="fp8_megatron"),
+    Run("nemo-llama3-8b-8-cp2", "nemo", NEMO_2407, "Llama 3 8B", PRESETS["8b"], "h100", 8, 8192, 128,
+        "tp=1,pp=1,cp=2,mb=1,zero=1", "fp8", 12273, "tokens/s/GPU", search=("ac",)),
+    Run("nemo-llama3-70b-64-cp2", "nemo", NEMO_2407, "Llama 3 70B", PRESETS["70b"], "h100", 64, 8192, 128,
+        "tp=4,pp=4,cp=2,vp=5,mb=1", "fp8", 1524, "tokens/s/GPU", search=("ac",)),
+    # Megatron-Bridge 25.11 (NeMo container), FP8 current scaling.
+    Run("bridge-llama3-8b-8", "nemo", BRIDGE_2511, "Llama 3 8B", PRESETS["8b"], "h100", 8, 8192, 128,
+        "tp=1,pp=1,mb=1,zero=3", "fp8", 14451, "tokens/s/GPU", search=("ac",)),
+    Run("bridge-llama3-70b-64", "nemo", BRIDGE_2511, "Llama 3 70B", PRESETS["70b"], "h100", 64, 8192, 128,
+        "tp=4,pp=8,vp=5,mb=1", "fp8", 1602, "tokens/s/GPU", search=("ac",)),
+    Run("bridge-llama31-405b-1024", "nemo", BRIDGE_2511, "Llama 3.1 405B", PRESETS["405b"], "h100", 1024, 8192,
+        512, "tp=8,pp=8,cp=2,vp=8,mb=1", "fp8", 292, "tokens/s/GPU", search=("ac",)),
+    # LLM Foundry (MPT), PyTorch FSDP: FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2; "Activation Checkpointing"
+    # True = full recomputation.
+    *[Run(f"foundry-mpt-{size}-{gpu_name}-{gpus}-{seq}", "llm-foundry", FOUNDRY + table, f"MPT {size}", MPT[size],
+          gpu_name, gpus, seq, gbs, f"tp=1,pp=1,mb={mb},zero={zero},ac={'full' if ac else 'none'}", precision, tps,
+          "tokens/s/GPU", fits=fit)
+      for table, size, gpu_name, gpus, seq, mb, gbs, zero, ac, precision, tps, fit in (
+          ("'H100 80GB BF16'", "7b", "h100", 8, 2048, 6, 48, 3, False, "bf16", 10643, "llm-foundry"),
+          ("'H100 80GB BF16'", "1b", "h100", 8, 2048, 14, 112, 3, False, "bf16", 45455, None),
+          ("'H100 80GB BF16'", "13b", "h100", 64, 2048, 2, 128, 3, False, "bf16", 4800, None),
+          ("'H100 80GB BF16'", "7b", "h100", 8, 8192, 8, 128, 3, True, "bf16", 6935, None),
+          ("'H100 80GB BF16'", "70b", "h100", 64, 2048, 8, 2048, 3, True, "bf16", 1039, None),
+          ("'H100 80GB BF16 (Large Scale, >= 128 GPUs)'", "70b", "h100", 512, 2048, 8, 4096, 3, True, "bf16", 1007,
+           None),
+          ("'H100 80GB BF16 (Large Scale, >= 128 GPUs)'", "30b", "h100", 128, 2048, 8, 1024, 3, True, "bf16", 2199,
+           None),
+          ("'H100 80GB BF16 (Large Scale, >= 128 GPUs)'", "3b", "h100", 512, 2048, 8, 4096, 2, False, "bf16", 21664,
+           None),
+          ("'H100 80GB FP8'", "3b", "h100", 8, 2048, 10, 480, 3, False, "fp8", 30586, "fp8_llm-foundry"),
+          ("'H100 80GB FP8'", "1b", "h100", 8, 8192, 2, 64, 3, False, "fp8", 32010, None),
+          ("'A100 80GB with 1600 Gbps node-node interconnect (RoCE)'", "7b", "a100", 8, 2048, 6, 96, 3, False, "bf16",
+           4641, "a100"),
+          ("'A100 80GB with 1600 Gbps node-node interconnect (RoCE)'", "13b", "a100", 8, 2048, 2, 48, 3, False,
+           "bf16", 2262, None),
+          ("'A100 80GB with 1600 Gbps node-node interconnect (RoCE)'", "70b", "a100", 64, 2048, 8, 2048, 3, True,
+           "bf16", 410, None),
+          ("'A100 40GB with 1600 Gbps node-node interconnect (RoCE)'", "7b", "a100-40gb", 128, 2048, 18, 2304, 3, True,
+           "bf16", 3623, None),
+          ("'A100 40GB with 1600 Gbps node-node interconnect (RoCE)'", "70b", "a100-40gb", 128, 2048, 4, 512, 3, True,
+           "bf16", 376, None),
+      )],
+    # torchtitan on Grand Teton H100s (96 GB, 500 W), Llama 3.1, sequence 8,192, torch.compile on every row here.
+    Run("titan-8b-8-bf16", "torchtitan", TITAN + "1 (FSDP + torch.compile)", "Llama 3.1 8B", PRESETS["8b"],
+        "h100-96gb-500w", 8, 8192, 16, "tp=1,mb=2,ac=selective", "bf16", 6667, "tokens/s/GPU", memory_gib=77.0,
+        fits="h100-96gb-500w"),
+    Run("titan-8b-8-fp8", "torchtitan", TITAN + "1 (FSDP + torch.compile + Float8)", "Llama 3.1 8B", PRESETS["8b"],
+        "h100-96gb-500w", 8, 8192, 16, "tp=1,mb=2,ac=selective", "fp8", 8532, "tokens/s/GPU", memory_gib=76.8,
+        fits="fp8_torchtitan"),
+    Run("titan-8b-128-bf16", "torchtitan", TITAN + "3 (FSDP + torch.compile)", "Llama 3.1 8B", PRESETS["8b"],
+        "h100-96gb-500w", 128, 8192, 256, "tp=1,mb=2,ac=selective", "bf16", 6514, "tokens/s/GPU", memory_gib=62.0),
+    Run("titan-8b-128-fp8", "torchtitan", TITAN + "3 (FSDP + torch.compile + Float8)", "Llama 3.1 8B",
+        PRESETS["8b"], "h100-96gb-500w", 128, 8192, 256, "tp=1,mb=2,ac=selective", "fp8", 8380, "tokens/s/GPU",
+        memory_gib=61.8),
+    *[Run(f"titan-8b-8-cp{cp}", "torchtitan", TITAN + "2 (FSDP + CP + torch.compile + Float8)", "Llama 3.1 8B",
+          PRESETS["8b"], "h100-96gb-500w", 8, seq, 8 // cp, f"tp=1,cp={cp},mb=1,ac=full", "fp8", tps, "tokens/s/GPU",
+          memory_gib=mem)
+      for cp, seq, tps, mem in ((1, 32768, 3890, 83.9), (2, 65536, 2540, 84.2), (4, 131072, 1071, 84.0),
+                                (8, 262144, 548, 84.5))],
+    Run("titan-70b-256", "torchtitan", TITAN + "4 (2D, torch.compile + Float8)", "Llama 3.1 70B", PRESETS["70b"],
+        "h100-96gb-500w", 256, 8192, 512, "tp=8,mb=16,ac=full", "fp8", 829, "tokens/s/GPU", memory_gib=71.9),
+    Run("titan-70b-256-asynctp", "torchtitan", TITAN + "4 (2D + AsyncTP)", "Llama 3.1 70B", PRESETS["70b"],
+        "h100-96gb-500w", 256, 8192, 512, "tp=8,mb=16,ac=full", "fp8", 876, "tokens/s/GPU", memory_gib=67.6,
+        tp_overlap=True),
+    # Table 5: local batch 32 = 32 micro-batches of one sequence (torchtitan's default micro-batch); the
+    # interleaved schedule with 2 stages per rank (its default for looped schedules, and smelt's trainer's).
+    Run("titan-405b-512-1f1b", "torchtitan", TITAN + "5 (3D, 1F1B)", "Llama 3.1 405B", PRESETS["405b"],
+        "h100-96gb-500w", 512, 8192, 256, "tp=8,pp=8,mb=1,ac=full,schedule=1F1B", "fp8", 100, "tokens/s/GPU",
+        memory_gib=82.5, tp_overlap=True),
+    Run("titan-405b-512-interleaved", "torchtitan", TITAN + "5 (3D, Interleaved 1F1B)", "Llama 3.1 405B",
+        PRESETS["405b"], "h100-96gb-500w", 512, 8192, 256, "tp=8,pp=8,mb=1,ac=full,schedule=Interleaved1F1B,vp=2",
+        "fp8", 128, "tokens/s/GPU", memory_gib=72.7, tp_overlap=True),
+    Run("titan-h200-8b-32", "torchtitan", TRAINY, "Llama 3.1 8B", PRESETS["8b"], "h200", 32, 8192, 64,
+        "tp=1,mb=2,ac=selective", "fp8", 10938, "tokens/s/GPU", memory_gib=47.96, fits="torchtitan",
+        fp8_all_gather=True),
+    Run("titan-h200-8b-64", "torchtitan", TRAINY, "Llama 3.1 8B", PRESETS["8b"], "h200", 64, 8192, 128,
+        "tp=1,mb=2,ac=selective", "fp8", 10753, "tokens/s/GPU", memory_gib=46.97, fp8_all_gather=True),
+]
+
+# Solved by ``fit()`` on the rows marked ``fits`` (tests/infra/test_validation.py re-fits them).
+FIT_ORDER = ("meta", "attention", "megatron", "fp8_megatron", "llm-foundry", "fp8_llm-foundry", "a100",
+             "torchtitan", "h100-96gb-500w", "fp8_torchtitan")
+FITTED = {"meta": 0.5677, "attention": 0.7233, "megatron": 0.5307, "fp8_megatron": 2.2004, "llm-foundry": 0.5013, "fp8_llm-foundry": 1.5086, "a100": 1.3625, "torchtitan": 0.55, "h100-96gb-500w": 0.8247, "fp8_torchtitan": 1.7308}
+
+
+@dataclass(frozen=True)
+class Scored:
+    run: Run
+    layout: Layout | None
+    tokens_per_gpu: float
+    memory_gb: float
+    fits: bool
+    mfu: float
+
+    @property
+    def error(self) -> float:
+        return self.tokens_per_gpu / self.run.published_tokens_per_gpu() - 1
+
+
+def _layouts(run: Run, shape: ModelShape) -> list[Layout]:
+    """The published layout, with each unpublished input (``run.search``) spread over its options."""
+    base = parse_layout(run.layout, run.gpus, run.precision)
+    options = {
+        "mb": [mb for mb in (1, 2, 4, 8) if run.global_batch % (base.dp * mb) == 0],
+        "vp": [1] if base.pp == 1 else [v for v in range(1, 13) if shape.cfg.n_layers % (base.pp * v) == 0],
+        "ac": ["none", "selective", "full"],
+    }
+    out = []
+    for combo in itertools.product(*(options[k] if k in run.search else [None] for k in ("mb", "vp", "ac"))):
+        mb, vp, ac = combo
+        layout = base
+        if mb is not None:
+            layout = dataclasses.replace(layout, micro_batch=mb)
+        if vp is not None:
+            layout = dataclasses.replace(layout, virtual_stages=vp,
+                                         pp_schedule="Interleaved1F1B" if vp > 1 else "1F1B")
+        if ac is not None:
+            layout = dataclasses.replace(layout, activation_checkpoint=ac)
+        out.append(layout)
+    return out
+
+
+def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
+    """Predicted tokens/s per GPU and peak memory for ``run`` with the given constants."""
+    stack = STACKS[run.stack]
+    shape = ModelShape(run.cfg, run.seq_len)
+    device = lookup_gpu(run.gpu)
+    relative = constants["a100"] if device.name.startswith("a100") else constants.get(device.name, 1.0)
+    overlap = stack.tp_overlap if run.tp_overlap is None else run.tp_overlap
+    timing = TimingAssumptions(compute=min(1.0, constants[stack.constant] * relative),
+                               tp_overlap=TimingAssumptions().dp_overlap if overlap else 0.0,
+                               fp8_speedup=constants.get(f"fp8_{stack.constant}", 1.0), attention=constants["attention"],
+                               gather_bytes=1.0 if run.fp8_all_gather else 2.0)
+    # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
+    memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes, grad_bytes=stack.grad_bytes,
+                               fp8_params=stack.fp8_params, headroom=0.0)
+    best: Scored | None = None
+    for layout in _layouts(run, shape):
+        if check_shape(layout, shape, device.gpus_per_node, run.global_batch, trainer_only=False):
+            continue
+        mem = memory_per_rank(shape, layout, device, layout.microbatches(run.global_batch), memory)
+        step = step_time(shape, layout, device, run.global_batch, timing)
+        candidate = Scored(run, layout, step.tokens_per_s / layout.world, mem.total / GB, mem.fits, step.mfu)
+        if best is None or (candidate.fits, candidate.tokens_per_gpu) > (best.fits, best.tokens_per_gpu):
+            best = candidate
+    if best is None:
+        rejection = check_shape(_layouts(run, shape)[0], shape, device.gpus_per_node, run.global_batch, False)
+        raise ValueError(f"{run.key}: published layout is invalid: {rejection.message}")
+    return best
+
+
+def fit(order: tuple[str, ...] = FIT_ORDER, rounds: int = 6) -> dict[str, float]:
+    """Solve each constant on its row by bisection (throughput rises with each), the others held; the
+    constants interact (attention shares every row, torchtitan's three share two rows each), so sweep the
+    order a few times."""
+    constants = {name: (1.5 if name.startswith("fp8") else 1.0 if name in ("attention", "a100", "h100-96gb-500w")
+                        else 0.5) for name in order}
+    for _ in range(rounds):
+        for name in order:
+            (run,) = [r for r in RUNS if r.fits == name]
+            lo, hi = (1.0, 3.0) if name.startswith("fp8") else (0.1, 2.0)
+            for _ in range(40):
+                mid = (lo + hi) / 2
+                err = score(run, {**constants, name: mid}).error
+                lo, hi = (mid, hi) if err < 0 else (lo, mid)
+            constants[name] = round((lo + hi) / 2, 4)
+    return constants
+
+
+def summary(rows: list[Scored]) -> dict:
+    """Mean and worst absolute throughput error on the held-out rows (and on the fitted ones, ~0 by
+    construction), and the memory error where the source publishes peak memory."""
+    held = [abs(r.error) for r in rows if not r.run.fits]
+    fitted = [abs(r.error) for r in rows if r.run.fits]
+    memory = [abs(r.memory_gb / (r.run.memory_gib * GIB / GB) - 1) for r in rows if r.run.memory_gib]
+    systems = sorted({r.run.stack for r in rows})
+    return {
+        "rows": len(rows), "held_out": len(held), "fitted_rows": len(fitted), "systems": systems,
+        "held_out_mean_abs_error": round(statistics.mean(held), 4), "held_out_worst_abs_error": round(max(held), 4),
+        "fitted_mean_abs_error": round(statistics.mean(fitted), 4),
+        "memory_rows": len(memory), "memory_mean_abs_error": round(statistics.mean(memory), 4) if memory else None,
+        "memory_worst_abs_error": round(max(memory), 4) if memory else None,
+        "layouts_not_fitting": [r.run.key for r in rows if not r.fits],
+        "per_system_mean_abs_error": {s: round(statistics.mean(abs(r.error) for r in rows
+                                                               if r.run.stack == s and not r.run.fits), 4)
+                                      for s in systems},
+    }
+
+
+def table() -> list[Scored]:
+    return [score(run) for run in RUNS]
+
+
+def as_dict(rows: list[Scored]) -> dict:
+    return {
+        "constants": FITTED, "fit_order": list(FIT_ORDER), "summary": summary(rows),
+        "rows": [{
+            "key": r.run.key, "system": r.run.stack, "source": r.run.source, "model": r.run.model,
+            "gpu": r.run.gpu, "gpus": r.run.gpus, "seq_len": r.run.seq_len, "global_batch": r.run.global_batch,
+            "precision": r.run.precision, "published_layout": r.run.layout, "searched": list(r.run.search),
+            "scored_layout": r.layout.name, "published": r.run.published, "published_unit": r.run.unit,
+            "published_tokens_per_gpu": round(r.run.published_tokens_per_gpu(), 1),
+            "predicted_tokens_per_gpu": round(r.tokens_per_gpu, 1), "error": round(r.error, 4),
+            "predicted_mfu_bf16_peak": round(r.mfu, 4),
+            "published_memory_gb": round(r.run.memory_gib * GIB / GB, 1) if r.run.memory_gib else None,
+            "predicted_memory_gb": round(r.memory_gb, 1), "fits_memory": r.fits, "fitted": r.run.fits,
+        } for r in rows],
+    }
+
+
+def render(rows: list[Scored]) -> str:
+    lines = [f"{'run':34} {'GPUs':>6} {'prec':4} {'published':>10} {'smelt':>9} {'error':>7}  "
+             f"{'mem pub/smelt GB':>17}  scored layout"]
+    for r in rows:
+        mem = (f"{r.run.memory_gib * GIB / GB:.1f}/" if r.run.memory_gib else "-/") + f"{r.memory_gb:.1f}"
+        mark = f"  (fits {r.run.fits})" if r.run.fits else ""
+        lines.append(f"{r.run.key:34} {r.run.gpus:>6} {r.run.precision:4} {r.run.published_tokens_per_gpu():>10.0f} "
+                     f"{r.tokens_per_gpu:>9.0f} {r.error:>+7.1%}  {mem:>17}{'' if r.fits else ' !'}  "
+                     f"{r.layout.name}{mark}")
+    s = summary(rows)
+    lines.append(f"held-out rows: {s['held_out']} of {s['rows']} ({len(s['systems'])} systems): mean |error| "
+                 f"{s['held_out_mean_abs_error']:.1%}, worst {s['held_out_worst_abs_error']:.1%}; "
+                 f"peak memory ({s['memory_rows']} rows): mean {s['memory_mean_abs_error']:.1%}, "
+                 f"worst {s['memory_worst_abs_error']:.1%}; tokens/s per GPU, published as tokens/s or "
+                 f"converted from TFLOP/s with 6N + 12·L·H·Q·T")
+    lines.append("constants: " + ", ".join(f"{k} = {v}" for k, v in FITTED.items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="The planner against published training runs.")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--fit", action="store_true", help="re-solve the fitted constants and print them")
+    args = parser.parse_args(argv)
+    if args.fit:
+        print(json.dumps(fit()))
+        return
+    rows = table()
+    print(json.dumps(as_dict(rows)) if args.json else render(rows))
+
+
+if __name__ == "__main__":
+    main()
