@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from tasks import datasets
+from tasks.train.callbacks import Callback
 from tasks.train.checkpoint import FAULT_CRASH_ENV
 from tasks.train.config import FaultConfig
 
@@ -94,8 +95,8 @@ def parse_faults(text: str) -> list[Fault]:
     return faults
 
 
-class FaultInjector:
-    """The faults of one rank, fired at the trainer's hook points (each a no-op without faults)."""
+class FaultInjector(Callback):
+    """The faults of one rank: a trainer callback (tasks/train/callbacks.py), each hook a no-op without faults."""
 
     def __init__(self, faults: list[Fault], run_dir: str, rank: int) -> None:
         self.rank = rank
@@ -111,15 +112,15 @@ class FaultInjector:
         text = ";".join(filter(None, [cfg.inject, os.environ.get(ENV, "")]))
         return cls(parse_faults(text), run_dir, rank)
 
-    # -- hook points, in the order a step meets them ---------------------------------------------
+    # -- callback hooks, in the order a step meets them -------------------------------------------
 
-    def at_step_start(self, step: int, checkpointer) -> None:
+    def on_step_start(self, step: int, checkpointer) -> None:
         """kill / stop at the start of ``step``, once earlier saves have committed."""
         for fault in self._due(step, ("kill", "stop"), at="step"):
             checkpointer.wait_for_commit()
             self._fire(fault, step)
 
-    def poison(self, step: int, loss: torch.Tensor, params) -> torch.Tensor:
+    def on_loss(self, step: int, loss: torch.Tensor, params) -> torch.Tensor:
         """A NaN loss, and the NaN gradients its backward would have produced."""
         for fault in self._due(step, ("nan",)):
             self._fire(fault, step)
@@ -129,17 +130,17 @@ class FaultInjector:
             return loss * float("nan")
         return loss
 
-    def slow_down(self, step: int, compute_s: float) -> None:
+    def on_step_end(self, step: int, compute_s: float) -> None:
         for fault in self.faults:
             if fault.kind == "slow" and step >= (fault.step or 1):
                 time.sleep((fault.factor - 1) * compute_s)
 
-    def before_save(self, step: int) -> None:
+    def on_save_start(self, step: int) -> None:
         """Arm checkpoint.py's crash-between-files-and-manifest hook for this step's save."""
         for fault in self._due(step, ("crash_in_save",)):
             self._fire(fault, step)
 
-    def after_save(self, step: int, started: bool, checkpointer) -> None:
+    def on_save_end(self, step: int, started: bool, checkpointer) -> None:
         """kill at=save (the step's files in flight) or at=saved (once they committed)."""
         if not started:
             return

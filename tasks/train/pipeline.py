@@ -22,15 +22,16 @@ from torch.distributed.pipelining.schedules import (
     _PipelineSchedule,
 )
 
+from tasks.train.config import PP_SCHEDULES
 from tasks.train.model import Transformer
 
 log = logging.getLogger(__name__)
 
-# name -> (schedule class, stages per rank, stage placement style)
+# name -> (schedule class, stage placement style); stages per rank: config.PP_SCHEDULES
 SCHEDULES = {
-    "1F1B": (Schedule1F1B, 1, "loop"),
-    "Interleaved1F1B": (ScheduleInterleaved1F1B, 2, "loop"),
-    "ZBVZeroBubble": (ScheduleZBVZeroBubble, 2, "v"),
+    "1F1B": (Schedule1F1B, "loop"),
+    "Interleaved1F1B": (ScheduleInterleaved1F1B, "loop"),
+    "ZBVZeroBubble": (ScheduleZBVZeroBubble, "v"),
 }
 
 
@@ -39,7 +40,7 @@ def stage_ids(schedule: str, pp_rank: int, pp: int) -> list[int]:
     first and the last stage, so the V-shaped zero-bubble schedule needs no extra hop)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"parallel.pp_schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    _, per_rank, style = SCHEDULES[schedule]
+    (_, style), per_rank = SCHEDULES[schedule], PP_SCHEDULES[schedule]
     if style == "v":
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + k * pp for k in range(per_rank)]
@@ -99,7 +100,7 @@ def build_schedule(
 ) -> _PipelineSchedule:
     """The schedule driving this rank's stages. ``loss_fn`` must already be normalised for the whole
     step (sum over tokens / tokens per step), so gradients are not rescaled by the microbatch count."""
-    cls, per_rank, _ = SCHEDULES[schedule]
+    (cls, _), per_rank = SCHEDULES[schedule], PP_SCHEDULES[schedule]
     num_stages = pp * per_rank
     if n_microbatches < 1:
         raise ValueError(f"parallel.pp_microbatches must be positive, got {n_microbatches}")

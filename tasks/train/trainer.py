@@ -33,6 +33,7 @@ from tasks.train import goodput, hf, metrics, pipeline, watchdog
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import DataConfig, ModelConfig, TrainConfig
 from tasks.train.data import TokenLoader
+from tasks.train.callbacks import Callback, Callbacks
 from tasks.train.faults import FaultInjector
 from tasks.train.loss_guard import LossGuard, SkippedRange, SkipList, skip_window
 from tasks.train.model import Transformer
@@ -150,11 +151,14 @@ class Trainer:
     writes ``<run_dir>/metrics.jsonl`` (one record per step), ``events.jsonl`` (process group
     starts, for goodput), ``skipped.jsonl`` (loss-guard rollbacks), ``stragglers.json`` and
     ``<run_dir>/summary.json``. A progress watchdog exits a rank whose steps stop (watchdog.py).
+    ``callbacks`` act at fixed points of each step (tasks/train/callbacks.py), after the config's faults.
     """
 
-    def __init__(self, cfg: TrainConfig, datasets: dict[str, str], run_dir: str) -> None:
+    def __init__(self, cfg: TrainConfig, datasets: dict[str, str], run_dir: str,
+                 callbacks: list[Callback] | None = None) -> None:
         started_at = time.time()
         self.cfg = cfg
+        self._extra_callbacks = list(callbacks or [])
         self.run_dir = contract.normalize_url(run_dir)
         self.datasets = dict(datasets)
         self.device = _pick_device()
@@ -239,8 +243,9 @@ class Trainer:
             hf.load_into(self.model_parts, hf.local_folder(cfg.init_from))
             log.info("initialised the model from %s", cfg.init_from)
 
-        # 5. Fault tolerance: injected faults (tests), the loss guard and its skipped samples, stragglers.
-        self.faults = FaultInjector.from_config(cfg.faults, self.run_dir, self.rank)
+        # 5. Fault tolerance: callbacks (injected faults first), the loss guard and its skipped samples, stragglers.
+        faults = FaultInjector.from_config(cfg.faults, self.run_dir, self.rank)
+        self.callbacks = Callbacks([faults, *self._extra_callbacks])
         self.loss_guard = LossGuard(cfg.loss_guard)
         self.skips = SkipList(self.run_dir, writer=self.rank == 0)
         self.stragglers = StragglerDetector(cfg.stragglers, self.run_dir, rank=self.rank, world_size=self.world_size)
@@ -317,11 +322,11 @@ class Trainer:
         self.optimizers.set_lr(lr)
         self.optimizers.zero_grad()
         local_loss = self.forward_backward(inputs, targets)
-        local_loss = self.faults.poison(step, local_loss, self.params)
+        local_loss = self.callbacks.on_loss(step, local_loss, self.params)
         grad_norm = clip_grad_norm_(self.params, self.cfg.optim.grad_clip, self.pp_group)
         self.checkpointer.wait_for_staging()  # an in-flight save may still be copying these parameters
         self.optimizers.step()
-        self.faults.slow_down(step, time.perf_counter() - start)
+        self.callbacks.on_step_end(step, time.perf_counter() - start)
         arrived = time.perf_counter()
         loss = self.global_loss(local_loss)  # the step-end sync point: every rank waits for the slowest here
         self.stragglers.observe(compute_s=arrived - start - (self.checkpointer.blocked_s - blocked_before),
@@ -353,7 +358,7 @@ class Trainer:
         first_step = step = self.state.step + 1
         last_step = min(self.cfg.steps, stop_after or self.cfg.steps)
         while step <= last_step:
-            self.faults.at_step_start(step, self.checkpointer)
+            self.callbacks.on_step_start(step, self.checkpointer)
             self.skips.advance(self.loader)
             iteration_start, blocked_before = time.perf_counter(), self.checkpointer.blocked_s
             record = self.train_step(step)
@@ -368,9 +373,9 @@ class Trainer:
                 meta = {"tokens": self.state.tokens, "loss": record["loss"], "layout": self.dims.describe(),
                         "model": dataclasses.asdict(self.model_cfg), "config": dataclasses.asdict(self.cfg),
                         "data": self.datasets, "seq_len": self.cfg.data.seq_len}
-                self.faults.before_save(step)
+                self.callbacks.on_save_start(step)
                 saved = self.checkpointer.maybe_save(step, self.app_state, meta, force=step == last_step)
-                self.faults.after_save(step, saved, self.checkpointer)
+                self.callbacks.on_save_end(step, saved, self.checkpointer)
             record.update(group=self.group, time=time.time(), iteration_s=time.perf_counter() - iteration_start,
                           checkpoint_s=self.checkpointer.blocked_s - blocked_before,
                           checkpoint_blocked_s=self.checkpointer.blocked_s)

@@ -52,24 +52,24 @@ def test_a_nan_fault_poisons_loss_and_gradients_once_per_run(tmp_path):
     param = torch.nn.Parameter(torch.ones(3))
     param.grad = torch.ones(3)
     injector = FaultInjector(parse_faults("nan:step=2"), str(tmp_path), rank=0)
-    assert injector.poison(1, torch.tensor(1.0), [param]).item() == 1.0
-    assert math.isnan(injector.poison(2, torch.tensor(1.0), [param]).item())
+    assert injector.on_loss(1, torch.tensor(1.0), [param]).item() == 1.0
+    assert math.isnan(injector.on_loss(2, torch.tensor(1.0), [param]).item())
     assert torch.isnan(param.grad).all()
     record = json.loads((tmp_path / "faults" / "fired-nan-0-2").read_text())
     assert (record["kind"], record["step"], record["pid"]) == ("nan", 2, os.getpid())
 
     restarted = FaultInjector(parse_faults("nan:step=2"), str(tmp_path), rank=0)  # the marker is in the run dir
     assert restarted.faults == []
-    assert restarted.poison(2, torch.tensor(1.0), [param]).item() == 1.0
+    assert restarted.on_loss(2, torch.tensor(1.0), [param]).item() == 1.0
     assert [r["kind"] for r in fired_faults(str(tmp_path))] == ["nan"]
 
 
 def test_a_slow_rank_sleeps_factor_minus_one_times_its_compute(tmp_path):
     injector = FaultInjector(parse_faults("slow:rank=0,factor=3,step=2"), str(tmp_path), rank=0)
     started = time.perf_counter()
-    injector.slow_down(1, 0.05)  # before its first step: no delay
+    injector.on_step_end(1, 0.05)  # before its first step: no delay
     assert time.perf_counter() - started < 0.05
-    injector.slow_down(2, 0.05)
+    injector.on_step_end(2, 0.05)
     assert time.perf_counter() - started >= 0.1
     restarted = FaultInjector(parse_faults("slow:rank=0,factor=3"), str(tmp_path), rank=0)
     assert restarted.faults  # a condition, not an event: never marked as fired
@@ -78,8 +78,8 @@ def test_a_slow_rank_sleeps_factor_minus_one_times_its_compute(tmp_path):
 def test_crash_in_save_arms_the_checkpoint_hook_for_its_step_only(tmp_path, monkeypatch):
     monkeypatch.setenv(FAULT_CRASH_ENV, "")  # restored after the test: the hook must not leak into other tests
     injector = FaultInjector(parse_faults("crash_in_save:step=4"), str(tmp_path), rank=1)
-    injector.before_save(2)
+    injector.on_save_start(2)
     assert os.environ[FAULT_CRASH_ENV] == ""
-    injector.before_save(4)
+    injector.on_save_start(4)
     assert os.environ[FAULT_CRASH_ENV] == "4"
     assert (tmp_path / "faults" / "fired-crash_in_save-1-4").exists()

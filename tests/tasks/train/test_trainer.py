@@ -14,6 +14,7 @@ from tasks import datasets
 from tasks.config import from_dict, merge_overrides
 from tasks.eval.evaluate import load_model
 from tasks.train import checkpoint
+from tasks.train.callbacks import Callback
 from tasks.train.checkpoint import list_committed
 from tasks.train.config import DataConfig, ParallelConfig, TrainConfig, preset
 from tasks.train.parallel_dims import ParallelDims
@@ -198,3 +199,34 @@ def test_a_truncated_final_checkpoint_is_never_named_as_the_result(corpus, tmp_p
     resumed = train(corpus, tmp_path, "steps=4")  # and the relaunch rewrites it from the newest good one
     assert resumed["resumed_from"] == 2 and not checkpoint.verify_checkpoint(
         checkpoint.step_url(str(tmp_path), 4))
+
+
+class Recorder(Callback):
+    """Records which hook ran at which step."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def on_step_start(self, step, checkpointer):
+        self.calls.append(("step_start", step))
+
+    def on_loss(self, step, loss, params):
+        self.calls.append(("loss", step))
+        return loss
+
+    def on_step_end(self, step, compute_s):
+        self.calls.append(("step_end", step))
+
+    def on_save_start(self, step):
+        self.calls.append(("save_start", step))
+
+    def on_save_end(self, step, started, checkpointer):
+        self.calls.append(("saved" if started else "not_saved", step))
+
+
+def test_callbacks_see_every_step_in_order(corpus, tmp_path):
+    recorder = Recorder()
+    with Trainer(config("steps=2", "checkpoint.interval_steps=2"), corpus, str(tmp_path), callbacks=[recorder]) as t:
+        t.train()
+    per_step = ["step_start", "loss", "step_end", "save_start"]
+    assert recorder.calls == [(c, 1) for c in per_step] + [("not_saved", 1)] + [(c, 2) for c in per_step] + [("saved", 2)]
