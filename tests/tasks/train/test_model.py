@@ -91,6 +91,30 @@ def test_rope_scores_depend_only_on_relative_position():
     torch.testing.assert_close(apply_rope(q.expand(1, 16, 1, 8), rope).norm(dim=-1), q.norm().expand(1, 16, 1))
 
 
+def test_interleaved_rope_is_half_split_rope_after_the_exports_q_k_row_permutation():
+    """Layout parity without transformers: rotating interleaved pairs (smelt) equals rotating
+    half-split pairs (x[i], x[i + E/2]: transformers, vLLM) of queries made with the export's
+    permuted wq rows (tasks/train/hf.py), up to that same permutation of the output."""
+    from tasks.train.hf import from_hf, to_hf
+
+    E, heads, D, T = 8, 3, 12, 10
+    rope = rope_tables(head_dim=E, max_seq_len=T, theta=10000.0)
+    w, x = torch.randn(heads * E, D), torch.randn(1, T, D)
+    hf_name, w_hf = to_hf("layers.0.attention.wq.weight", w, E)
+    assert hf_name == "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(from_hf(hf_name, w_hf, E)[1], w)
+
+    smelt = apply_rope((x @ w.T).view(1, T, heads, E), rope)
+    q = (x @ w_hf.T).view(1, T, heads, E)
+    cos = torch.cat([rope[:, :, 0]] * 2, -1)[None, :, None]  # (1, T, 1, E): freqs repeated, half-split
+    sin = torch.cat([rope[:, :, 1]] * 2, -1)[None, :, None]
+    rotate_half = torch.cat([-q[..., E // 2:], q[..., : E // 2]], -1)
+    half_split = q * cos + rotate_half * sin
+    interleave = torch.stack([half_split[..., : E // 2], half_split[..., E // 2:]], -1).flatten(-2)
+    torch.testing.assert_close(interleave, smelt)
+    assert not torch.allclose(half_split, smelt, atol=1e-2)  # the layouts really differ
+
+
 def test_tied_embeddings_share_one_tensor():
     model = small(tie_embeddings=True)
     assert model.output.weight is model.tok_embeddings.weight
