@@ -11,13 +11,16 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 from infra.catalogue import CATALOGUE, GPU
-from infra.layout import AC_MODES, TRAINER_SCHEDULES, Layout, ModelShape, Rejection, check_shape
+from infra.layout import AC_MODES, PRECISIONS, TRAINER_SCHEDULES, Layout, ModelShape, Rejection, check_shape, \
+    trainer_gaps
 from infra.memory import GB, MemoryAssumptions, MemoryBreakdown, memory_per_rank
 from infra.reliability import FailureAssumptions, Reliability, plan_reliability
 from infra.timing import PART_LABELS, StepTime, TimingAssumptions, step_time
-from tasks.train.config import ModelConfig, preset
+from infra.models import model_config
+from tasks.train.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,9 @@ class PlanInputs:
     seq_len: int = 8192
     global_batch_tokens: float = 2**24  # 16M tokens = 2,048 × 8,192, Llama 3's batch
     vocab_size: int = 0  # 0: the preset's
+    model_sets: tuple[tuple[str, int | bool], ...] = ()  # ModelConfig field overrides (infra/models.py)
+    hf_config: Path | None = None  # a Hugging Face config.json instead of the preset
+    precision: str = "bf16"  # bf16 | fp8 (linear GEMMs in FP8; MFU still against the bf16 peak)
     pp_schedules: tuple[str, ...] = tuple(TRAINER_SCHEDULES)  # pipeline schedules the search may use
     timing: TimingAssumptions = field(default_factory=TimingAssumptions)
     memory: MemoryAssumptions = field(default_factory=MemoryAssumptions)
@@ -58,14 +64,12 @@ class PlanInputs:
         if self.global_seqs < 1:
             raise ValueError(f"--global-batch-tokens {self.global_batch_tokens:g} is less than one sequence of "
                              f"--seq-len {self.seq_len}")
-        self.model_config()  # unknown preset or missing vocabulary fail here, before the search
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        self.model_config()  # unknown preset, bad shape or missing vocabulary fail here, before the search
 
     def model_config(self) -> ModelConfig:
-        cfg = preset(self.model, **({"vocab_size": self.vocab_size} if self.vocab_size else {}))
-        if not cfg.vocab_size:
-            raise ValueError(f"model preset {self.model!r} takes its vocabulary from the tokenizer; "
-                             f"pass --vocab-size")
-        return cfg
+        return model_config(self.model, dict(self.model_sets), self.hf_config, self.vocab_size)
 
     @property
     def global_seqs(self) -> int:
@@ -115,6 +119,7 @@ class Plan:
     runners_up: list[tuple[Candidate, str]]
     rejections: Rejections
     evaluated: int
+    given: bool = False  # the layout was given (--layout), not searched
 
     @property
     def fits(self) -> bool:
@@ -153,7 +158,7 @@ class Plan:
 
 
 def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
-                      pp_schedules: tuple[str, ...] = tuple(TRAINER_SCHEDULES)):
+                      pp_schedules: tuple[str, ...] = tuple(TRAINER_SCHEDULES), precision: str = "bf16"):
     """Every layout the trainer can express on ``gpus`` GPUs (see infra/layout.py for the ZeRO rules)."""
     cfg = shape.cfg
     for tp in TP_DEGREES:
@@ -171,13 +176,14 @@ def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
                             for schedule, v in schedules:
                                 yield Layout(tp=tp, pp=pp, dp_replicate=dp // dp_shard, dp_shard=dp_shard,
                                              zero=zero, micro_batch=mb, activation_checkpoint=ac,
-                                             pp_schedule=schedule, virtual_stages=v)
+                                             pp_schedule=schedule, virtual_stages=v, precision=precision)
 
 
-def evaluate(inputs: PlanInputs, layout: Layout) -> Candidate | Rejection:
-    """Memory, time and failures of one layout, or why it cannot run."""
+def evaluate(inputs: PlanInputs, layout: Layout, trainer_only: bool = True) -> Candidate | Rejection:
+    """Memory, time and failures of one layout, or why it cannot run (``trainer_only=False``: a given layout
+    that smelt's trainer need not be able to run, e.g. another system's published run)."""
     shape, gpu = inputs.shape, inputs.gpu
-    rejection = check_shape(layout, shape, gpu.gpus_per_node, inputs.global_seqs)
+    rejection = check_shape(layout, shape, gpu.gpus_per_node, inputs.global_seqs, trainer_only)
     if rejection:
         return rejection
     memory = memory_per_rank(shape, layout, gpu, layout.microbatches(inputs.global_seqs), inputs.memory)
@@ -202,16 +208,20 @@ def _why_slower(candidate: Candidate, best: Candidate) -> str:
     return f"{slower:+.1%} time: {deltas[part]:+.2f} s/step {PART_LABELS[part]}"
 
 
-def plan(inputs: PlanInputs) -> Plan:
-    """Evaluate every candidate layout; the fastest (then the leanest in memory) wins."""
+def plan(inputs: PlanInputs, layout: Layout | None = None) -> Plan:
+    """Evaluate every candidate layout; the fastest (then the leanest in memory) wins. With ``layout``,
+    score exactly that one (it may use what smelt's trainer lacks: CP, FP8, deeper interleaving)."""
     gpu = inputs.gpu
     fitting: list[Candidate] = []
     counts: dict[str, int] = {}
     closest: dict[str, tuple[float, str]] = {}
     evaluated = 0
-    for layout in candidate_layouts(inputs.shape, inputs.gpus, gpu.gpus_per_node, inputs.pp_schedules):
+    given = layout is not None
+    layouts = ([layout] if given else
+               candidate_layouts(inputs.shape, inputs.gpus, gpu.gpus_per_node, inputs.pp_schedules, inputs.precision))
+    for candidate_layout in layouts:
         evaluated += 1
-        result = evaluate(inputs, layout)
+        result = evaluate(inputs, candidate_layout, trainer_only=not given)
         if isinstance(result, Candidate):
             fitting.append(result)
             continue
@@ -235,7 +245,8 @@ def plan(inputs: PlanInputs) -> Plan:
             if len(runners_up) == 5:
                 break
     return Plan(inputs=inputs, best=best, runners_up=runners_up,
-                rejections=Rejections(counts, {k: v[1] for k, v in closest.items()}), evaluated=evaluated)
+                rejections=Rejections(counts, {k: v[1] for k, v in closest.items()}), evaluated=evaluated,
+                given=given)
 
 
 def _family(layout: Layout) -> tuple:
@@ -263,7 +274,7 @@ def sensitivity(result: Plan) -> list[SensitivityRow]:
             other = plan(inputs)
             best, ok = other.best, other.feasible
         else:
-            best = evaluate(inputs, result.best.layout)
+            best = evaluate(inputs, result.best.layout, trainer_only=not result.given)
             best = best if isinstance(best, Candidate) else None
             ok = bool(best) and best.days <= inputs.days and best.cost <= inputs.budget
         rows.append(SensitivityRow(factor, setting, best.layout.name if best else None,
@@ -284,6 +295,8 @@ def sensitivity(result: Plan) -> list[SensitivityRow]:
         value = min(1.0, base * scale)
         row("compute efficiency", f"{value:.2f}",
             dataclasses.replace(i, timing=dataclasses.replace(i.timing, compute=value)), False)
+    if result.given:  # the rest re-plan, which would replace the layout that was asked about
+        return rows
     node = i.gpu.gpus_per_node
     for scale in (0.5, 2.0):
         gpus = max(node, round(i.gpus * scale / node) * node)  # whole nodes
@@ -308,8 +321,17 @@ def to_dict(result: Plan, rows: list[SensitivityRow] | None = None) -> dict:
         "checkpoint_interval_min": round(best.reliability.interval_s / 60, 2) if best else None,
         "goodput": round(best.reliability.goodput, 4) if best else None,
         "reasons": result.reasons(),
+        "tokens_per_s_per_gpu": round(best.step.tokens_per_s / best.layout.world, 1) if best else None,
+        "step_s": round(best.step.total, 3) if best else None,
+        "mfu_basis": f"model FLOPs (6N + 12·L·H·Q·T) over the dense bf16 peak, {i.gpu.peak_tflops:g} TFLOP/s per "
+                     f"{i.gpu.label}, FP8 runs included",
+        "peak_memory_gb": round(best.memory.total / GB, 2) if best else None,
+        "precision": i.precision,
+        "layout_given": result.given,
+        "trainer_cannot_run": trainer_gaps(best.layout) if best else [],
         "inputs": {"model": i.model, "tokens": i.tokens, "gpus": i.gpus, "gpu": i.gpu.name, "days": i.days,
                    "budget": i.budget, "seq_len": i.seq_len, "global_batch_seqs": i.global_seqs,
+                   "model_shape": dataclasses.asdict(i.model_config()),
                    "price_per_hour": i.gpu.price_per_hour, "mtbf_gpu_hours": round(i.failures.mtbf_gpu_hours)},
         "rejected": result.rejections.counts,
         "layouts_evaluated": result.evaluated,

@@ -35,6 +35,12 @@ from infra.catalogue import GPU
 from infra.layout import Layout, ModelShape
 
 
+# Fitted in infra/validation.py (FITTED; tests/infra/test_validation.py keeps these equal): torchao float8's
+# GEMM speed-up on H100 (the PyTorch path smelt's trainer would take) and attention's rate relative to GEMMs.
+FP8_SPEEDUP = 1.7308
+ATTENTION_RATE = 0.7233
+
+
 @dataclass(frozen=True)
 class TimingAssumptions:
     """Efficiency factors; ``compute`` None takes the GPU's calibrated ``compute_efficiency``."""
@@ -45,9 +51,9 @@ class TimingAssumptions:
     dp_overlap: float = 0.90  # share of the compute window FSDP traffic can hide behind
     pp_overlap: float = 0.50  # share of pipeline send/receive hidden behind compute
     cp_overlap: float = 0.90  # share of a layer's attention compute the ring exchange can hide behind
-    fp8_speedup: float = 1.0  # FP8 linear GEMM rate / bf16 GEMM rate; infra/validation.py fits it
+    fp8_speedup: float = FP8_SPEEDUP  # FP8 linear GEMM rate / bf16 GEMM rate
     gather_bytes: float = 2.0  # bytes per parameter FSDP all-gathers: bf16, or 1 with float8 all-gather
-    attention: float = 1.0  # rate of attention's FLOPs (as counted: 12·H·Q·T) relative to the GEMMs'
+    attention: float = ATTENTION_RATE  # rate of attention's FLOPs (as counted: 12·H·Q·T) relative to the GEMMs'
 
     def __post_init__(self) -> None:
         if not 1 <= self.fp8_speedup <= 4:
