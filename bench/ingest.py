@@ -1,43 +1,69 @@
-"""Ingest throughput, the share of it spent in HTML extraction, and the speed-up of 2 Dask workers.
+"""Ingest per core for each extractor, how their output differs, the reader's cost, and 2-worker scaling.
 
 On the generated sample crawl (``tasks/sample/crawl.py``) or ``--input URL`` (e.g.
-``../shared/data/realcrawl-dev/*.warc.gz``), the whole ingest stage (``run_ingest`` with the
-default config) runs on two Dask ``LocalCluster``s of worker processes with one thread each: one
-with 1 worker, one with ``--workers``; runs alternate between them ``--repeat`` times and the
-fastest run of each counts, so a burst of load from elsewhere does not decide the ratio. Workers
-are warmed first (imports, the language model), so the timings are the stage itself. Each run
-writes a fresh dataset.
+``../shared/data/realcrawl-dev/*.warc.gz``):
 
-- ``docs``: records read (pages in); ``mb``: input bytes (as stored, compressed) / 1e6;
-- ``docs_per_s``, ``mb_per_s``: with ``--workers`` workers;
-- ``extract_share``: HTML extraction time (summed by the extract step) / wall time of the
-  1-worker stage; goal ≥ 0.75 (everything else costs under a quarter);
-- ``speedup_2_workers``: 1-worker wall time / 2-worker wall time; goal ≥ 1.7 on 2 cores.
+1. Extractors, in this process, one at a time: the whole ingest stage (``run_ingest``, default
+   config but for ``extract.engine``) runs serially ``--repeat`` times per engine, the engines
+   alternating, and the run with the least CPU time counts (CPU time, not wall time, so load from
+   elsewhere on a shared machine skews it least). Each engine is warmed first (imports, the
+   language model). Per engine:
 
-``--split N`` re-packs WARC inputs round-robin into N files first, so a crawl of a few files still
-gives every worker work (one work item per file).
+   - ``docs_per_core_s``: records in / CPU seconds of the stage;
+   - ``speedup``: its ``docs_per_core_s`` / the baseline's (``trafilatura``, FineWeb's and
+     datatrove's choice; smelt with it matches datatrove's per-core speed here);
+   - ``extract_share``: extraction time (summed by the extract step) / the run's wall time;
+   - ``kept_jaccard``: Jaccard similarity of the ids the stage kept (after every filter) with the
+     baseline's;
+   - ``text_f1``: mean token-level F1 of each page's extracted text against trafilatura's, over
+     the pages either extracts text from.
 
-Prints one JSON line.
+2. Reader: CPU seconds of smelt's WARC reader (``read_documents``: framing, HTTP parsing,
+   charset decoding) over the inputs, against FastWARC only framing and parsing them
+   (``fastwarc_frame_cpu_s``), and ``reader_share`` = smelt's reader / the default stage's CPU:
+   the most a faster reader could save.
+
+3. Scaling, of the default config: two Dask ``LocalCluster``s of single-thread worker processes,
+   one with 1 worker and one with ``--workers``, runs alternating ``--repeat`` times, the fastest
+   of each counting; ``speedup_<n>_workers`` = 1-worker wall time / n-worker wall time, goal ≥ 1.8
+   on 2 cores. A work item is one input file: ``--split N`` re-packs WARC inputs round-robin into
+   N files first, so a crawl of a few uneven files still gives every worker equal work.
+
+``load_avg_1m`` is the machine's load when the run ended. Prints one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import shutil
+import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
+from tasks import datasets
+from tasks.datasets import Stats
 from tasks.ingest.base import Document
-from tasks.ingest.config import IngestConfig
+from tasks.ingest.config import EXTRACT_ENGINES, IngestConfig
+from tasks.ingest.extract import extract_text
 from tasks.ingest.pipeline import build_steps, run_steps
-from tasks.ingest.readers import expand_inputs, open_input
+from tasks.ingest.readers import expand_inputs, open_input, read_documents
 from tasks.ingest.stage import run_ingest
+from tasks.parallel import ClientMap
 
 WARM_PAGE = "<html><body><article>" + "<p>The quick brown fox jumps over the lazy dog near the river bank.</p>" * 20 + "</article></body></html>"
+BASELINE = "trafilatura"
+
+
+def engine_config(engine: str) -> IngestConfig:
+    """The default config with ``extract.engine = engine``."""
+    cfg = IngestConfig()
+    return dataclasses.replace(cfg, extract=dataclasses.replace(cfg.extract, engine=engine))
 
 
 def split_warcs(urls: list[str], files: int, folder: Path) -> list[str]:
@@ -65,6 +91,85 @@ def warm_worker(cfg: IngestConfig) -> None:
     list(run_steps([doc], build_steps(cfg), {}))
 
 
+def kept_ids(manifest: datasets.Manifest) -> set[str]:
+    return {i for s in manifest.shards
+            for i in datasets.read_parquet(datasets.shard_url(manifest, s), s, ["id"]).column("id").to_pylist()}
+
+
+def token_f1(reference: str, candidate: str) -> float:
+    ref, cand = Counter(reference.split()), Counter(candidate.split())
+    common = sum((ref & cand).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / sum(cand.values()), common / sum(ref.values())
+    return 2 * precision * recall / (precision + recall)
+
+
+def text_agreement(inputs: list[str], engines: list[str]) -> dict[str, float]:
+    """Mean token F1 of each engine's extracted text against trafilatura's, page by page."""
+    pages = [d.text for url in inputs for d in read_documents(url, IngestConfig().reader, Stats())
+             if d.meta.get("format") == "html"]
+    reference_cfg = engine_config(BASELINE).extract
+    reference = [extract_text(p, reference_cfg)[0] for p in pages]
+    out = {}
+    for engine in engines:
+        cfg = engine_config(engine).extract
+        texts = reference if cfg.engine == reference_cfg.engine else [extract_text(p, cfg)[0] for p in pages]
+        scores = [token_f1(r, t) for r, t in zip(reference, texts) if r.strip() or t.strip()]
+        out[engine] = round(statistics.mean(scores), 4) if scores else 1.0
+    return out
+
+
+def measure_engines(inputs: list[str], engines: list[str], repeat: int, work: Path) -> dict[str, dict]:
+    configs = {e: engine_config(e) for e in engines}
+    for cfg in configs.values():
+        warm_worker(cfg)
+    best: dict[str, tuple[float, float, Stats, set[str]]] = {}
+    for r in range(repeat):
+        for engine, cfg in configs.items():
+            out = str(work / f"engine-{engine}-{r}")
+            cpu, wall = time.process_time(), time.perf_counter()
+            manifest = run_ingest(inputs, out, cfg, fingerprint=f"bench-{engine}-{r}")
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            if engine not in best or cpu < best[engine][0]:
+                best[engine] = (cpu, wall, manifest.stats, kept_ids(manifest))
+    baseline_ids = best[BASELINE][3] if BASELINE in best else None
+    f1 = text_agreement(inputs, engines)
+    results = {}
+    for engine, (cpu, wall, stats, ids) in best.items():
+        results[engine] = {
+            "docs": int(stats.get("in", 0)),
+            "docs_per_core_s": round(stats.get("in", 0) / cpu, 2),
+            "cpu_s": round(cpu, 3),
+            "extract_share": round(stats.get("funnel.extract.time.extract_s", 0.0) / wall, 3),
+            "kept": len(ids),
+            "kept_jaccard": round(len(ids & baseline_ids) / max(1, len(ids | baseline_ids)), 4) if baseline_ids is not None else None,
+            "text_f1": f1[engine],
+        }
+    if BASELINE in results:
+        for row in results.values():
+            row["speedup"] = round(row["docs_per_core_s"] / results[BASELINE]["docs_per_core_s"], 2)
+    return results
+
+
+def measure_reader(inputs: list[str], stage_cpu_s: float | None) -> dict:
+    from fastwarc.warc import ArchiveIterator, WarcRecordType
+
+    cpu = time.process_time()
+    for url in inputs:
+        for _ in read_documents(url, IngestConfig().reader, Stats()):
+            pass
+    smelt = time.process_time() - cpu
+    cpu = time.process_time()
+    for url in inputs:
+        with open_input(url) as stream:
+            for record in ArchiveIterator(stream, record_types=WarcRecordType.response, parse_http=True):
+                record.reader.read()
+    fastwarc = time.process_time() - cpu
+    return {"smelt_reader_cpu_s": round(smelt, 3), "fastwarc_frame_cpu_s": round(fastwarc, 3),
+            "reader_share": round(smelt / stage_cpu_s, 3) if stage_cpu_s else None}
+
+
 class DaskStage:
     """A warmed LocalCluster of ``workers`` single-thread worker processes that runs the stage."""
 
@@ -76,12 +181,10 @@ class DaskStage:
                                     dashboard_address=":0", silence_logs=logging.ERROR)
         self.client = Client(self.cluster)
         self.client.run(warm_worker, cfg)
+        self.map = ClientMap(self.client, log_fn=lambda line: None)
         for name in list(logging.root.manager.loggerDict):  # the in-process scheduler's shutdown chatter
             if name.startswith("distributed"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
-
-    def map(self, fn, items, *, label=""):
-        return self.client.gather(self.client.map(fn, list(items), pure=False))
 
     def run(self, inputs: list[str], work: Path) -> tuple[float, dict]:
         """(wall seconds, manifest stats) of one run of the stage into a fresh dataset."""
@@ -96,15 +199,39 @@ class DaskStage:
         self.cluster.close()
 
 
+def measure_scaling(inputs: list[str], workers: int, repeat: int, work: Path) -> dict:
+    cfg = IngestConfig()
+    one, many = DaskStage(cfg, 1), DaskStage(cfg, workers)
+    try:
+        runs = [(one.run(inputs, work), many.run(inputs, work)) for _ in range(repeat)]
+    finally:
+        one.close()
+        many.close()
+    (one_s, stats), _ = min(runs, key=lambda r: r[0][0])
+    _, (many_s, many_stats) = min(runs, key=lambda r: r[1][0])
+    docs, mb = int(stats.get("in", 0)), stats.get("funnel.read.bytes_in", 0) / 1e6
+    return {
+        "engine": cfg.extract.engine,
+        "files": len(inputs),
+        "docs_per_s": round(docs / many_s, 2),
+        "mb_per_s": round(mb / many_s, 3),
+        f"speedup_{workers}_workers": round(one_s / many_s, 2),
+        "one_worker_s": round(one_s, 2),
+        f"{workers}_workers_s": round(many_s, 2),
+        "same_output": stats.get("out") == many_stats.get("out"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", action="append", help="input URL or glob (repeatable); default: a generated sample crawl")
     parser.add_argument("--pages", type=int, default=640, help="pages of the generated sample crawl")
     parser.add_argument("--files", type=int, default=8, help="files of the generated sample crawl")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--split", type=int, default=0, help="re-pack WARC inputs into this many files (0: as given)")
-    parser.add_argument("--workers", type=int, default=2, help="workers of the parallel run (the baseline has 1)")
-    parser.add_argument("--repeat", type=int, default=2, help="runs of each (alternating); the fastest counts")
+    parser.add_argument("--engines", default=",".join(EXTRACT_ENGINES), help=f"extractors to compare (baseline {BASELINE})")
+    parser.add_argument("--split", type=int, default=0, help="re-pack WARC inputs into this many files for the scaling runs (0: as given)")
+    parser.add_argument("--workers", type=int, default=2, help="workers of the parallel run (the baseline has 1); 0 skips scaling")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each (alternating); the best counts")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="smelt-bench-ingest-"))
@@ -118,40 +245,20 @@ def main() -> None:
             write_sample_crawl(str(work / "crawl"), pages=args.pages, files=args.files, seed=args.seed)
             inputs = expand_inputs(str(work / "crawl" / "*.warc.gz"))
             source = f"sample(pages={args.pages}, files={args.files}, seed={args.seed})"
-        if args.split:
-            (work / "split").mkdir()
-            inputs = split_warcs(inputs, args.split, work / "split")
-        cfg = IngestConfig()
-        one, many = DaskStage(cfg, 1), DaskStage(cfg, args.workers)
-        try:
-            runs = [(one.run(inputs, work), many.run(inputs, work)) for _ in range(args.repeat)]
-        finally:
-            one.close()
-            many.close()
-        (one_s, stats), _ = min(runs, key=lambda r: r[0][0])
-        _, (many_s, many_stats) = min(runs, key=lambda r: r[1][0])
+        engines = [e for e in args.engines.split(",") if e]
+        result = {"input": source, "engines": measure_engines(inputs, engines, args.repeat, work)}
+        result["default_engine"] = IngestConfig().extract.engine
+        result["reader"] = measure_reader(inputs, result["engines"].get(IngestConfig().extract.engine, {}).get("cpu_s"))
+        if args.workers:
+            if args.split:
+                (work / "split").mkdir()
+                inputs = split_warcs(inputs, args.split, work / "split")
+            result["scaling"] = measure_scaling(inputs, args.workers, args.repeat, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-    docs = int(stats.get("in", 0))
-    mb = stats.get("funnel.read.bytes_in", 0) / 1e6
-    print(json.dumps({
-        "docs": docs,
-        "mb": round(mb, 3),
-        "docs_per_s": round(docs / many_s, 2),
-        "mb_per_s": round(mb / many_s, 3),
-        "workers": args.workers,
-        "extract_share": round(stats.get("time.extract_s", 0.0) / one_s, 3),
-        f"speedup_{args.workers}_workers": round(one_s / many_s, 2),
-        "docs_out": int(stats.get("out", 0)),
-        "files": len(inputs),
-        "one_worker_s": round(one_s, 2),
-        "one_worker_in_shards_s": round(stats.get("time.shard_s", 0.0), 2),
-        f"{args.workers}_workers_s": round(many_s, 2),
-        "same_output": stats.get("out") == many_stats.get("out"),
-        "input": source,
-        "cpus": os.cpu_count(),
-    }))
+    result["cpus"] = os.cpu_count()
+    result["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -233,7 +233,6 @@ class ClassifierConfig:
 # Readers, extraction, output and the stage config composing every section.
 
 
-WARC_ENGINES = ("fastwarc", "warcio")
 EXTRACT_ENGINES = ("resiliparse", "trafilatura")
 
 
@@ -242,8 +241,6 @@ class ReaderConfig:
     """How raw crawl files are read (tasks/ingest/readers.py)."""
 
     format: str = "auto"  # auto (from the file name) | warc | wet | jsonl | parquet
-    # WARC/WET parser: fastwarc (C++, ~4× faster to read) | warcio (pure Python); same documents and counters.
-    warc_engine: str = "warcio"
     # WARC payloads whose HTTP Content-Type is not one of these are skipped (dropped.read_non_html).
     html_content_types: list[str] = dataclasses.field(default_factory=lambda: ["text/html", "application/xhtml+xml"])
     require_http_ok: bool = True  # skip redirects and errors (HTTP status outside 200–299)
@@ -258,8 +255,6 @@ class ReaderConfig:
         formats = ("auto", "warc", "wet", "jsonl", "parquet")
         if self.format not in formats:
             raise ValueError(f"reader.format must be one of {', '.join(formats)}, got {self.format!r}")
-        if self.warc_engine not in WARC_ENGINES:
-            raise ValueError(f"reader.warc_engine must be one of {', '.join(WARC_ENGINES)}, got {self.warc_engine!r}")
         if self.max_payload_bytes < 1 or self.charset_detection_bytes < 1:
             raise ValueError("reader.max_payload_bytes and reader.charset_detection_bytes must be positive")
         _check_fraction("reader.max_replacement_frac", self.max_replacement_frac)
@@ -271,7 +266,7 @@ class ExtractConfig:
 
     # resiliparse (DCLM's extractor, C++) | trafilatura (FineWeb's); README "How each stage scales out"
     # gives the measured speed and agreement of each; favor_precision and deduplicate are trafilatura's only.
-    engine: str = "trafilatura"
+    engine: str = "resiliparse"
     favor_precision: bool = True
     include_comments: bool = False
     include_tables: bool = False
