@@ -63,7 +63,8 @@ def _seconds_per_token(shape, rate, hbm=3.35e12):
 
 def test_one_gpu_without_communication_runs_at_the_compute_efficiency_plus_memory_bound_ops():
     shape = ModelShape(PRESETS["125m"], 2048)
-    step = step_time(shape, Layout(1, 1, 1, 1, 3, 1), gpu("h100"), global_seqs=4, a=TimingAssumptions(compute=0.5))
+    plain = TimingAssumptions(compute=0.5, attention=1.0)  # attention at the GEMM rate
+    step = step_time(shape, Layout(1, 1, 1, 1, 3, 1), gpu("h100"), global_seqs=4, a=plain)
     assert step.tp_comm == step.dp_comm == step.bubble == step.pp_comm == step.cp_comm == 0
     _, per_token = _seconds_per_token(shape, 0.5 * 989e12)
     assert step.mfu == pytest.approx(shape.flops_per_token / (per_token * 989e12))
@@ -72,7 +73,8 @@ def test_one_gpu_without_communication_runs_at_the_compute_efficiency_plus_memor
 
 def test_full_recomputation_costs_one_more_forward_of_the_layers():
     shape = ModelShape(PRESETS["125m"], 2048)
-    step = step_time(shape, Layout(1, 1, 1, 1, 3, 1, "full"), gpu("h100"), 4, TimingAssumptions(compute=0.5))
+    step = step_time(shape, Layout(1, 1, 1, 1, 3, 1, "full"), gpu("h100"), 4,
+                     TimingAssumptions(compute=0.5, attention=1.0))
     layer, per_token = _seconds_per_token(shape, 0.5 * 989e12)
     assert step.recompute == pytest.approx(4 * 2048 * 12 * layer / 3)
     assert step.mfu == pytest.approx(shape.flops_per_token / ((per_token + 12 * layer / 3) * 989e12))
