@@ -76,3 +76,30 @@ def test_a_corpus_of_empty_documents_cannot_train_a_tokenizer(tmp_path):
     docs = write_documents(str(tmp_path / "docs"), [[("a", ""), ("b", None)]])
     with pytest.raises(datasets.DatasetError, match="no non-empty documents"):
         train_tokenizer([docs], str(tmp_path / "tok"), TokenizerConfig(), fingerprint="x")
+
+
+def test_hugging_face_tokenizer_files_give_roles_and_keep_special_token_text_as_text(tokenizer_dataset):
+    import json
+
+    from tokenizers import Tokenizer
+
+    from tasks.tokenize.tokenizer import hf_tokenizer_files
+
+    blob = datasets.filesystem(datasets.shard_url(tokenizer_dataset, "tokenizer.json"))[0].cat_file(
+        datasets.filesystem(datasets.shard_url(tokenizer_dataset, "tokenizer.json"))[1]).decode()
+    meta = tokenizer_dataset.meta
+    files = hf_tokenizer_files(blob, bos_id=meta["bos_id"], eos_id=meta["eos_id"], pad_id=meta["pad_id"],
+                               add_bos=False, max_length=512)
+    config = json.loads(files["tokenizer_config.json"])
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["split_special_tokens"] is True
+    assert (config["bos_token"], config["eos_token"], config["pad_token"]) == ("<|bos|>", "<|eos|>", "<|pad|>")
+    assert json.loads(files["special_tokens_map.json"])["eos_token"] == "<|eos|>"
+    assert files["tokenizer.json"].decode() == blob  # unchanged without add_bos
+
+    with_bos = Tokenizer.from_str(hf_tokenizer_files(blob, bos_id=meta["bos_id"], eos_id=meta["eos_id"],
+                                                     pad_id=None, add_bos=True, max_length=512)["tokenizer.json"].decode())
+    with_bos.encode_special_tokens = True  # what split_special_tokens sets in transformers
+    plain = load_tokenizer(tokenizer_dataset.meta["url"])
+    text = "a literal <|eos|> stays text"
+    assert with_bos.encode(text).ids == [meta["bos_id"]] + plain.encode(text).ids
+    assert meta["eos_id"] not in plain.encode(text).ids
