@@ -14,14 +14,13 @@ import json
 import math
 
 from infra.catalogue import gpu
-from infra.layout import Layout
-from infra.memory import GB, memory_per_rank
-from infra.planner import Candidate, PlanInputs, candidate_layouts, evaluate, plan
+from infra.layout import Layout, parse_layout
+from infra.planner import PlanInputs, plan
 from infra.reliability import FailureAssumptions, plan_reliability
 from infra.simulate import RunModel, percentiles, simulate
-from infra.timing import step_time
+from infra.timing import TimingAssumptions, step_time
+from infra.validation import FITTED, RUNS, score
 
-LLAMA3_405B_MFU = ((8192, 0.43), (16_384, 0.41))  # TP8, CP1, PP16, seq 8,192, 16M-token batches
 LLAMA3_SNAPSHOT_DAYS, LLAMA3_INTERRUPTIONS, LLAMA3_PLANNED = 54, 466, 47
 LLAMA3_70B_GPU_HOURS = 6.4e6
 
@@ -32,32 +31,22 @@ def _llama3_inputs(gpus: int, **failures) -> PlanInputs:
 
 
 def _published_layout(inputs: PlanInputs) -> Layout:
-    """Llama 3's layout (TP8 PP16, micro-batch 1, no recomputation, balanced stages) with the interleaving
-    that runs fastest: Meta's own schedule, which smelt's trainer does not have."""
-    most = inputs.shape.cfg.n_layers // 16  # at least one layer per virtual stage
-    layouts = [Layout(tp=8, pp=16, dp_replicate=1, dp_shard=inputs.gpus // 128, zero=1, micro_batch=1,
-                      activation_checkpoint="none", pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
-                      virtual_stages=v, balanced_stages=True) for v in range(1, most + 1)]
-    return min(layouts, key=lambda L: step_time(inputs.shape, L, inputs.gpu, inputs.global_seqs).total)
+    """Llama 3's layout as infra/validation.py scores it (TP8 PP16, 8 virtual stages of one layer with the
+    outer two empty, ZeRO-2, no recomputation)."""
+    (run,) = [r for r in RUNS if r.key == ("llama3-405b-8k" if inputs.gpus == 8192 else "llama3-405b-16k")]
+    return parse_layout(run.layout, inputs.gpus)
 
 
 def llama3_405b_mfu() -> list[dict]:
-    """Predicted MFU for the published layouts; H100's compute efficiency was fitted on the first row."""
+    """Predicted MFU and memory for the published layouts (infra/validation.py's rows; the Meta stack's
+    efficiency was fitted on the first)."""
     rows = []
-    for gpus, published in LLAMA3_405B_MFU:
-        inputs = _llama3_inputs(gpus)
-        layout = _published_layout(inputs)
-        memory = memory_per_rank(inputs.shape, layout, inputs.gpu, layout.microbatches(inputs.global_seqs))
-        fitting = [c for c in (evaluate(inputs, L) for L in candidate_layouts(inputs.shape, gpus, 8)
-                               if L.tp == 8 and L.pp == 16) if isinstance(c, Candidate)]
-        alternative = min(fitting, key=lambda c: c.wall_s) if fitting else None
-        rows.append({
-            "gpus": gpus, "layout": layout.name, "published_mfu": published,
-            "predicted_mfu": round(step_time(inputs.shape, layout, inputs.gpu, inputs.global_seqs).mfu, 4),
-            "memory_gb": round(memory.total / GB, 1), "fits_our_memory_model": memory.fits,
-            "smelt_tp8_pp16_layout": alternative.layout.name if alternative else None,
-            "smelt_tp8_pp16_mfu": round(alternative.step.mfu, 4) if alternative else None,
-        })
+    for key in ("llama3-405b-8k", "llama3-405b-16k"):
+        (run,) = [r for r in RUNS if r.key == key]
+        scored = score(run)
+        rows.append({"gpus": run.gpus, "layout": scored.layout.name, "published_mfu": round(run.published / 989, 3),
+                     "predicted_mfu": round(scored.mfu, 4), "memory_gb": round(scored.memory_gb, 1),
+                     "fits_our_memory_model": scored.fits, "fitted": bool(run.fits)})
     return rows
 
 
@@ -66,7 +55,8 @@ def llama3_405b_failures(runs: int = 1000, seed: int = 0) -> dict:
     planned_per_day = LLAMA3_PLANNED / LLAMA3_SNAPSHOT_DAYS
     inputs = _llama3_inputs(16_384, planned_per_day=planned_per_day)
     layout = _published_layout(inputs)
-    step = step_time(inputs.shape, layout, inputs.gpu, inputs.global_seqs)
+    step = step_time(inputs.shape, layout, inputs.gpu, inputs.global_seqs,
+                     TimingAssumptions(compute=FITTED["meta"], attention=FITTED["attention"]))
     r = plan_reliability(layout.world, inputs.shape.cfg.num_params(), layout, inputs.gpu, step.total,
                          inputs.failures)
     horizon = LLAMA3_SNAPSHOT_DAYS * 86400

@@ -6,11 +6,10 @@ Prices are round ballpark rates per GPU-hour for a multi-month reservation in 20
 2024 rental price drop), not quotes: pass your contract's price with ``--price``.
 Sources: NVIDIA A100, H100, H200 and HGX B200 datasheets.
 
-``compute_efficiency`` is the fraction of peak the training math reaches when nothing waits on the network
-(infra/timing.py). H100: fitted so the planner reproduces Llama 3 405B's 43% MFU on 8,192 GPUs
-(infra/calibration.py). A100: torchtitan's 51.7% MFU for Llama 3 70B with full recomputation on 64 A100s
-(docs/performance.md) means at least 0.69 of peak (51.7% × 4/3). H200 and B200 reuse the H100 figure until
-someone measures them.
+``compute_efficiency`` is the fraction of peak the training GEMMs reach when nothing waits on the network
+(infra/timing.py). H100: the Meta stack's, fitted on Llama 3 405B's 430 TFLOP/s on 8,192 GPUs
+(infra/validation.py, FITTED["meta"]). A100: that times the A100/H100 ratio fitted on LLM Foundry's MPT-7B
+runs (FITTED["a100"]). H200 and B200 reuse the H100 figure (same die for H200; B200 unmeasured).
 """
 
 from __future__ import annotations
@@ -41,13 +40,13 @@ class GPU:
 CATALOGUE: dict[str, GPU] = {
     "a100": GPU("a100", "A100 80GB SXM", peak_tflops=312, memory_gb=80, nvlink_gbps=300, internode_gbps=25,
                 gpus_per_node=8, price_per_hour=1.20, host_copy_gbps=25, hbm_tbps=2.039,
-                compute_efficiency=0.69),
+                compute_efficiency=0.7735),
     "h100": GPU("h100", "H100 SXM 80GB", peak_tflops=989, memory_gb=80, nvlink_gbps=450, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, hbm_tbps=3.35, compute_efficiency=0.543),
+                gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, hbm_tbps=3.35, compute_efficiency=0.5677),
     "h200": GPU("h200", "H200 SXM 141GB", peak_tflops=989, memory_gb=141, nvlink_gbps=450, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, hbm_tbps=4.8, compute_efficiency=0.543),
+                gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, hbm_tbps=4.8, compute_efficiency=0.5677),
     "b200": GPU("b200", "B200 180GB (HGX)", peak_tflops=2250, memory_gb=180, nvlink_gbps=900, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0, compute_efficiency=0.543),
+                gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0, compute_efficiency=0.5677),
 }
 # Variants that published runs used (infra/validation.py): A100 40GB; the H100 in Meta's Grand Teton hosts
 # that torchtitan benchmarked (96 GB HBM2e at 2.4 TB/s, 500 W power limit, so below the SXM peak by an
