@@ -16,12 +16,17 @@ from rich.table import Table
 
 from infra.catalogue import gpu as lookup_gpu
 from infra.catalogue import parse_overrides
+from infra.layout import parse_layout, trainer_gaps
 from infra.memory import GB
+from infra.models import parse_model_set
 from infra.planner import Plan, PlanInputs, SensitivityRow, plan, sensitivity, to_dict
 from infra.reliability import LLAMA3_MTBF_GPU_HOURS, FailureAssumptions
 from infra.simulate import DISTRIBUTIONS, RunModel, percentiles, simulate
 from infra.simulate import plot as plot_simulation
 from infra.timing import PART_LABELS, TimingAssumptions
+from infra.validation import as_dict as validation_dict
+from infra.validation import render as render_validation
+from infra.validation import table as validation_table
 
 ModelOpt = Annotated[str, typer.Option(help="Model preset from tasks/train/config.py (tiny … 70b, 405b).")]
 TokensOpt = Annotated[float, typer.Option(help="Training tokens.")]
@@ -44,13 +49,25 @@ GpuSetOpt = Annotated[Optional[list[str]], typer.Option(
     "--gpu-set", help="Override a catalogue field: field=value, e.g. memory_gb=96 (repeatable).")]
 SchedulesOpt = Annotated[str, typer.Option(help="Pipeline schedules the search may use, comma-separated.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+LayoutOpt = Annotated[Optional[str], typer.Option(
+    help="Score exactly this layout instead of searching, e.g. tp=8,pp=4,dp=64,cp=1,mb=1,ac=selective,schedule=1F1B "
+         "(also vp, dp_shard, zero, balanced).")]
+PrecisionOpt = Annotated[str, typer.Option(help="bf16, or fp8: the linear layers' GEMMs in FP8 (TE / torchao).")]
+ModelSetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--model-set",
+    help="Model shape overrides: dim=…,layers=…,heads=…,kv_heads=…,ffn=…,vocab=…,tied=… (repeatable).")]
+ModelConfigOpt = Annotated[Optional[Path], typer.Option(
+    help="A Hugging Face config.json to take the model shape from (instead of --model).")]
+ValidateOpt = Annotated[bool, typer.Option(
+    "--validate", help="Print the planner's error against published runs (infra/validation.py) and exit.")]
 ALL_SCHEDULES = "1F1B,Interleaved1F1B,ZBVZeroBubble"
 
 
 def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget: float, seq_len: int,
             global_batch_tokens: float, vocab_size: int, price: Optional[float], efficiency: Optional[float],
             mtbf_gpu_hours: float, restart_minutes: float, planned_per_day: float, storage_gbps: float,
-            gpu_set: Optional[list[str]], pp_schedules: str) -> PlanInputs:
+            gpu_set: Optional[list[str]], pp_schedules: str, precision: str = "bf16",
+            model_set: Optional[list[str]] = None, model_config: Optional[Path] = None) -> PlanInputs:
     """Validate the options into PlanInputs; every user mistake becomes typer.BadParameter."""
     try:
         overrides = parse_overrides(gpu_set or [])
@@ -65,6 +82,8 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
                                       planned_per_day=planned_per_day, storage_gbps=storage_gbps)
         return PlanInputs(model=model, tokens=tokens, gpus=gpus, gpu=device, days=days, budget=budget,
                           seq_len=seq_len, global_batch_tokens=global_batch_tokens, vocab_size=vocab_size,
+                          model_sets=tuple(parse_model_set(model_set or []).items()), hf_config=model_config,
+                          precision=precision.lower(),
                           pp_schedules=tuple(n.strip() for n in pp_schedules.split(",") if n.strip()),
                           timing=timing, failures=failures)
     except ValueError as e:
@@ -77,13 +96,26 @@ def plan_command(
     vocab_size: VocabOpt = 0, price: PriceOpt = None, efficiency: EffOpt = None,
     mtbf_gpu_hours: MtbfOpt = round(LLAMA3_MTBF_GPU_HOURS), restart_minutes: RestartOpt = 10.0,
     planned_per_day: PlannedOpt = 0.0, storage_gbps: StorageOpt = 500.0, gpu_set: GpuSetOpt = None,
-    pp_schedules: SchedulesOpt = ALL_SCHEDULES, json_out: JsonOpt = False,
+    pp_schedules: SchedulesOpt = ALL_SCHEDULES, json_out: JsonOpt = False, layout: LayoutOpt = None,
+    precision: PrecisionOpt = "bf16", model_set: ModelSetOpt = None, model_config: ModelConfigOpt = None,
+    validate: ValidateOpt = False,
 ) -> None:
-    """Pick the fastest 3D layout that fits, and say whether the run meets the deadline and the budget."""
+    """Pick the fastest 3D layout that fits (or score --layout), and say whether the run meets the deadline
+    and the budget."""
+    if validate:
+        rows = validation_table()
+        print(json.dumps(validation_dict(rows)) if json_out else render_validation(rows))
+        return
     inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
                      efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set,
-                     pp_schedules)
-    result = plan(inputs)
+                     pp_schedules, precision, model_set, model_config)
+    given = None
+    if layout:
+        try:
+            given = parse_layout(layout, gpus, inputs.precision)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--layout") from None
+    result = plan(inputs, given)
     rows = sensitivity(result)
     if json_out:
         print(json.dumps(to_dict(result, rows)))
@@ -198,13 +230,22 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
     t.add_row("cost", _money(best.cost), _money(i.budget))
     t.add_row("GPU-hours (incl. spares)", _count(best.gpu_hours), "")
     t.add_row("break-even price", f"${result.break_even_price:.2f}/GPU-h", f"${i.gpu.price_per_hour:.2f}")
-    t.add_row("MFU", f"{best.step.mfu:.1%}", "")
-    t.add_row("tokens/s", _count(best.step.tokens_per_s), "")
+    t.add_row("MFU (model FLOPs / dense bf16 peak)", f"{best.step.mfu:.1%}", "")
+    per_gpu = best.step.tokens_per_s / best.layout.world
+    t.add_row("tokens/s (per GPU)", f"{_count(best.step.tokens_per_s)} ({per_gpu:,.0f})", "")
+    t.add_row("step time", f"{best.step.total:.2f} s", "")
+    t.add_row("peak memory per GPU", f"{best.memory.total / GB:.1f} GB", f"{best.memory.usable / GB:.1f} GB usable")
     console.print(t)
+    gaps = trainer_gaps(best.layout)
+    if gaps:
+        console.print("smelt's trainer cannot run this layout yet: " + ", ".join(gaps))
 
     t = _table(f"Layout: {L.name}", "", "value")
     m = L.microbatches(i.global_seqs)
     t.add_row("tensor parallel (in node, + sequence parallel)", str(L.tp))
+    if L.cp > 1:
+        t.add_row("context parallel (ring attention)", f"{L.cp} (seq {i.seq_len:,} → {i.seq_len // L.cp:,} per rank)")
+    t.add_row("precision", i.precision + (" (linear GEMMs in FP8)" if L.precision == "fp8" else ""))
     t.add_row("pipeline stages / schedule", f"{L.pp} / {L.pp_schedule}"
               + (f" ({L.virtual_stages} virtual)" if L.virtual_stages > 1 else ""))
     t.add_row("data parallel: shard × replicate", f"{L.dp_shard} × {L.dp_replicate}")
@@ -215,11 +256,12 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
     overrides = L.trainer_overrides(i.global_seqs, i.seq_len)
     console.print("trainer: " + " ".join(f"--set {k}={v}" for k, v in overrides.items()), soft_wrap=True)
 
-    t = _table("Runners-up (best of each tp·pp·AC family)", "layout", "days", "MFU", "why it loses")
-    for candidate, why in result.runners_up:
-        t.add_row(candidate.layout.name, f"{candidate.days:.1f}", f"{candidate.step.mfu:.1%}", why)
-    console.print(t)
-    _render_rejections(result, console)
+    if not result.given:
+        t = _table("Runners-up (best of each tp·pp·AC family)", "layout", "days", "MFU", "why it loses")
+        for candidate, why in result.runners_up:
+            t.add_row(candidate.layout.name, f"{candidate.days:.1f}", f"{candidate.step.mfu:.1%}", why)
+        console.print(t)
+        _render_rejections(result, console)
 
     t = _table("Memory per GPU (busiest rank)", "", "GB")
     for key, value in best.memory.as_dict().items():

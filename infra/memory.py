@@ -29,7 +29,8 @@ all-gather it again in the backward, and the fused SwiGLU keeps only its input a
   block input, norm output, q, attention output, second block input, norm output: 12h/t
   k, v: 4kv/t; SwiGLU input (w1 and w3 outputs) and output: 6f/t
 ``saves="torchtitan"`` differs only in its selective policy, which keeps every other matmul output:
-(8h + 2kv + 2f)/t. Megatron's "selective" recomputes the attention core, which flash attention already does: same as none.
+(8h + 2kv + 2f)/t. Megatron's "selective" recomputes the attention core, which flash attention already does:
+same as none.
 Under FP8 (Transformer Engine) the three norm/SwiGLU outputs that feed a linear layer are kept in FP8:
 (10h + 4kv + 5f)/t, and each layer keeps the FP8 copy of its weights for the backward (``fp8_weight_bytes``).
 Context parallel splits every sequence over cp ranks, so activations scale with seq_len / cp.

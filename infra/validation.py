@@ -245,7 +245,9 @@ RUNS: list[Run] = [
 # Solved by ``fit()`` on the rows marked ``fits`` (tests/infra/test_validation.py re-fits them).
 FIT_ORDER = ("meta", "attention", "megatron", "fp8_megatron", "llm-foundry", "fp8_llm-foundry", "a100",
              "torchtitan", "h100-96gb-500w", "fp8_torchtitan")
-FITTED = {"meta": 0.5677, "attention": 0.7233, "megatron": 0.5307, "fp8_megatron": 2.2004, "llm-foundry": 0.5013, "fp8_llm-foundry": 1.5086, "a100": 1.3625, "torchtitan": 0.55, "h100-96gb-500w": 0.8247, "fp8_torchtitan": 1.7308}
+FITTED = {"meta": 0.5677, "attention": 0.7233, "megatron": 0.5307, "fp8_megatron": 2.2004, "llm-foundry": 0.5013,
+          "fp8_llm-foundry": 1.5086, "a100": 1.3625, "torchtitan": 0.55, "h100-96gb-500w": 0.8247,
+          "fp8_torchtitan": 1.7308}
 
 
 @dataclass(frozen=True)
@@ -294,7 +296,8 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
     overlap = stack.tp_overlap if run.tp_overlap is None else run.tp_overlap
     timing = TimingAssumptions(compute=min(1.0, constants[stack.constant] * relative),
                                tp_overlap=TimingAssumptions().dp_overlap if overlap else 0.0,
-                               fp8_speedup=constants.get(f"fp8_{stack.constant}", 1.0), attention=constants["attention"],
+                               fp8_speedup=constants.get(f"fp8_{stack.constant}", 1.0),
+                               attention=constants["attention"],
                                gather_bytes=1.0 if run.fp8_all_gather else 2.0)
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes, grad_bytes=stack.grad_bytes,

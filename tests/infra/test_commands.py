@@ -61,3 +61,61 @@ def test_simulate_prints_a_table_and_rejects_unknown_distributions():
     assert result.exit_code == 0 and "Distribution over runs" in result.stdout
     bad = runner.invoke(app, ["simulate", "--distribution", "gamma"])
     assert bad.exit_code == 2 and "exponential, weibull" in bad.output
+
+
+def test_plan_scores_a_given_layout_and_reports_per_gpu_figures():
+    layout = "tp=8,pp=4,dp=128,cp=1,mb=1,ac=none,schedule=zbv"
+    result = runner.invoke(app, ["plan", "--layout", layout, "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["layout"] == "tp8·pp4zbv·fsdp128·zero1·mb1·ac-none" and out["layout_given"]
+    assert out["tokens_per_s_per_gpu"] == pytest.approx(out["tokens_per_s"] / 4096, rel=1e-3)
+    assert out["step_s"] > 0 and 0 < out["peak_memory_gb"] < 80 and "bf16 peak" in out["mfu_basis"]
+    assert out["runners_up"] == [] and out["trainer_cannot_run"] == []
+
+
+def test_fp8_and_context_parallel_layouts_are_scored_and_named_as_gaps_of_the_trainer():
+    args = ["plan", "--layout", "tp=8,cp=2,pp=4,mb=1,schedule=zbv", "--precision", "fp8", "--json"]
+    out = json.loads(runner.invoke(app, args).stdout)
+    bf16 = json.loads(runner.invoke(app, ["plan", "--layout", "tp=8,cp=2,pp=4,mb=1,schedule=zbv", "--json"]).stdout)
+    assert out["layout"].endswith("·fp8") and "·cp2·" in out["layout"] and out["precision"] == "fp8"
+    assert out["trainer_cannot_run"] == ["context parallel (cp=2)", "fp8 matmuls"]
+    assert out["tokens_per_s_per_gpu"] > 1.15 * bf16["tokens_per_s_per_gpu"]  # FP8 GEMMs, bf16 attention
+    assert out["peak_memory_gb"] < bf16["peak_memory_gb"] + 1
+
+
+def test_custom_shapes_from_model_set_and_from_a_hugging_face_config(tmp_path):
+    sets = ["plan", "--model-set", "dim=4096,layers=32,heads=32,kv_heads=8,ffn=14336,vocab=128256", "--gpus", "64",
+            "--json"]
+    custom = json.loads(runner.invoke(app, sets).stdout)
+    preset = json.loads(runner.invoke(app, ["plan", "--model", "8b", "--gpus", "64", "--json"]).stdout)
+    assert custom["inputs"]["model_shape"] == preset["inputs"]["model_shape"] and custom["mfu"] == preset["mfu"]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                                  "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+                                  "hidden_act": "silu", "tie_word_embeddings": False}))
+    hf = json.loads(runner.invoke(app, ["plan", "--model-config", str(config), "--gpus", "64", "--json"]).stdout)
+    assert hf["inputs"]["model_shape"] == preset["inputs"]["model_shape"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layout", "tp=8,pp=4,dp=3"], "GPUs, but --gpus is 4096"),
+    (["--layout", "tp=8,colour=2"], "key one of"),
+    (["--layout", "tp=8,ac=some"], "choose one of none"),
+    (["--precision", "fp4"], "--precision 'fp4'"),
+    (["--model-set", "depth=3"], "key one of dim"),
+    (["--model-set", "dim=4095,heads=32"], "divisible"),
+])
+def test_bad_layouts_and_shapes_exit_2_with_one_clear_line(args, message):
+    result = runner.invoke(app, ["plan", *args])
+    flat = " ".join(result.output.replace("│", " ").split())  # rich wraps the error box
+    assert result.exit_code == 2 and message in flat, result.output
+
+
+def test_validate_prints_the_table_and_its_summary():
+    result = runner.invoke(app, ["plan", "--validate", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["summary"]["held_out"] >= 15 and len(out["rows"]) == out["summary"]["rows"]
+    text = runner.invoke(app, ["plan", "--validate"]).stdout
+    assert "held-out rows" in text and "llama3-405b-8k" in text
