@@ -57,10 +57,15 @@ def _counted(docs: Iterable[Document], stats: Stats, key: str) -> Iterator[Docum
 
 
 class Step:
-    """One named transformation of a document stream; a disabled step passes documents uncounted."""
+    """One named transformation of a document stream, built from its config section (whose
+    ``enabled``, where it has one, switches it); a disabled step passes documents uncounted."""
 
     name: str = "step"
     enabled: bool = True
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.enabled = getattr(cfg, "enabled", True)
 
     def run(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None = None) -> Iterator[Document]:
         """``process`` with every document counted ``in`` and ``out``; ``rejects`` (anything with

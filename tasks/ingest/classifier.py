@@ -229,8 +229,7 @@ class QualityClassifierFilter(ProseFilter):
     name = "quality_classifier"
 
     def __init__(self, cfg: ClassifierConfig):
-        self.cfg = cfg
-        self.enabled = cfg.enabled
+        super().__init__(cfg)
         self.batch_size = cfg.batch_size
         self.model_stamp = ""
         if cfg.enabled:

@@ -126,8 +126,7 @@ class LangIdFilter(ProseFilter):
     name = "lang"
 
     def __init__(self, cfg: LangIdConfig):
-        self.cfg = cfg
-        self.enabled = cfg.enabled
+        super().__init__(cfg)
         self.batch_size = cfg.batch_size
         # Fail early, in the driver, when the model is missing. The shipped file never changes.
         if cfg.model_path:

@@ -53,10 +53,7 @@ class PIIMasker(Step):
     """
 
     name = "pii"
-
-    def __init__(self, cfg: PIIConfig):
-        self.cfg = cfg
-        self.enabled = cfg.enabled
+    cfg: PIIConfig
 
     def mask(self, text: str) -> tuple[str, int, int]:
         """(masked text, e-mails masked, IPs masked)."""

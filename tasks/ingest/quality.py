@@ -43,10 +43,7 @@ class GopherQualityFilter(ProseFilter):
     """
 
     name = "gopher_quality"
-
-    def __init__(self, cfg: GopherQualityConfig):
-        self.cfg = cfg
-        self.enabled = cfg.enabled
+    cfg: GopherQualityConfig
 
     def keep(self, doc: Document) -> bool | tuple[bool, str]:
         cfg, text = self.cfg, doc.text
@@ -125,10 +122,7 @@ class GopherRepetitionFilter(ProseFilter):
     """
 
     name = "gopher_repetition"
-
-    def __init__(self, cfg: GopherRepetitionConfig):
-        self.cfg = cfg
-        self.enabled = cfg.enabled
+    cfg: GopherRepetitionConfig
 
     def keep(self, doc: Document) -> bool | tuple[bool, str]:
         cfg, text = self.cfg, doc.text
@@ -218,10 +212,7 @@ class C4QualityFilter(ProseFilter):
     """
 
     name = "c4_quality"
-
-    def __init__(self, cfg: C4Config):
-        self.cfg = cfg
-        self.enabled = cfg.enabled
+    cfg: C4Config
 
     def keep(self, doc: Document) -> bool | tuple[bool, str]:
         cfg = self.cfg
@@ -249,10 +240,7 @@ class FineWebQualityFilter(ProseFilter):
     """
 
     name = "fineweb_quality"
-
-    def __init__(self, cfg: FineWebConfig):
-        self.cfg = cfg
-        self.enabled = cfg.enabled
+    cfg: FineWebConfig
 
     def keep(self, doc: Document) -> bool | tuple[bool, str]:
         cfg, text = self.cfg, doc.text

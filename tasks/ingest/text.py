@@ -80,7 +80,7 @@ def is_code(doc: Document) -> bool:
 
 class ProseFilter(Filter):
     """A filter whose rules are about natural-language prose: code documents pass unjudged
-    (``skipped.code``). Subclasses set ``enabled`` from config."""
+    (``skipped.code``)."""
 
     def skip_reason(self, doc: Document) -> str | None:
         return "code" if is_code(doc) else None

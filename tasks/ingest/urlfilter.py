@@ -62,8 +62,7 @@ class URLFilter(Filter):
     name = "url_filter"
 
     def __init__(self, cfg: URLFilterConfig):
-        self.cfg = cfg
-        self.enabled = cfg.enabled
+        super().__init__(cfg)
         for key in ("blocked_domains_url", "banned_words_url"):
             url = getattr(cfg, key)
             if url:
