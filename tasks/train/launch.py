@@ -175,12 +175,14 @@ def data_vocab_size(data: dict[str, str]) -> int:
 def preflight(cfg: TrainConfig, data: dict[str, str], world_sizes: list[int]) -> dict:
     """Every check that needs the data or the world size, before torchrun starts; returns the dry-run report.
 
-    A user mistake (a missing dataset, a vocabulary smaller than the data's, mixture names that are
-    not the data's, a layout or batch the world size cannot split) is one ValueError/DatasetError
-    sentence here rather than a traceback on every rank and a restart per attempt.
+    A user mistake (a malformed fault spec, a missing dataset, a vocabulary smaller than the data's,
+    mixture names that are not the data's, a layout or batch the world size cannot split) is one
+    ValueError/DatasetError sentence here rather than a traceback on every rank and a restart per attempt.
     """
-    from tasks.train.trainer import describe_layout  # torch; and the trainer's stragglers import this module
+    from tasks.train.faults import parse_faults  # torch; and the trainer's stragglers import this module
+    from tasks.train.trainer import describe_layout
 
+    parse_faults(cfg.faults.inject)
     vocab = data_vocab_size(data)
     cfg.model_for_data(vocab)
     if cfg.data.mixture and sorted(cfg.data.mixture) != sorted(data):

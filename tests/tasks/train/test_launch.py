@@ -76,9 +76,11 @@ def test_an_interrupt_stops_torchrun_and_every_rank(tmp_path):
 @pytest.mark.slow
 def test_a_timeout_is_an_error_and_leaves_no_process(tmp_path):
     run_dir = str(tmp_path / "slow-start")
+    corpus = make_corpus(str(tmp_path / "corpus"), tokens=4000)
+    hangs = {**TINY, "steps": 1, "faults": {"inject": "stop:rank=0,step=1"}}  # can never finish: no race
     started = time.monotonic()
     with pytest.raises(LaunchError, match="ran past its 3 s timeout"):
-        launch_torchrun(data={"main": str(tmp_path)}, config={"steps": 1}, run_dir=run_dir, nproc=2, timeout_s=3)
+        launch_torchrun(data={"main": corpus}, config=hangs, run_dir=run_dir, nproc=2, timeout_s=3)
     assert time.monotonic() - started < 3 + 35
     assert _ranks_of(run_dir) == []
 
@@ -115,6 +117,9 @@ BAD_LAUNCHES = {
     "mixture names not the data's": ({"data": {"seq_len": 16, "global_batch": 8, "mixture": {"web": 1.0}}}, 2,
                                      "train.data.mixture names ['web'] but the data is ['main']"),
     "zero ranks": ({}, 0, "launch.nproc must be at least 1, got 0"),
+    "malformed fault spec": ({"faults": {"inject": "kill:rank=1"}}, 2, "fault 'kill:rank=1' needs step"),
+    "sequence longer than the model's": ({"data": {"seq_len": 1024, "global_batch": 8}}, 2,
+                                         "data.seq_len (1024) exceeds model.max_seq_len (512)"),
 }
 
 
@@ -139,7 +144,6 @@ def test_a_bad_value_is_one_sentence_before_torchrun_starts(tmp_path, small_corp
 @pytest.mark.slow
 @pytest.mark.parametrize("override, message", [
     ("launch.nproc=0", "launch.nproc must be at least 1"),
-    ("train.model_preset=nope", "train.model_preset is 'nope'"),
     ("train.model.vocab_size=100", "is smaller than the data's tokenizer (256)"),
 ])
 def test_smelt_train_names_a_bad_value_in_one_sentence(tmp_path, small_corpus, override, message):
