@@ -48,3 +48,26 @@ def test_trainer_settings_for_a_layout_without_pipeline():
     pc = plain.to_parallel_config(2048)
     assert pc.zero2 and pc.pp_microbatches == 0 and pc.pp_schedule == "1F1B"
     assert plain.trainer_overrides(2048, 8192)["data.micro_batch"] == 2
+
+
+def test_a_given_layout_parses_with_dp_from_the_gpu_count():
+    from infra.layout import parse_layout
+    given = parse_layout("tp=8,pp=4,dp=64,cp=1,mb=1,ac=selective,schedule=1F1B", 2048)
+    assert (given.tp, given.pp, given.dp, given.cp, given.micro_batch) == (8, 4, 64, 1, 1)
+    assert given.activation_checkpoint == "selective" and given.pp_schedule == "1F1B" and given.zero == 1
+    inferred = parse_layout("tp=8,cp=2,pp=4,vp=5,dp_shard=8", 4096, precision="fp8")
+    assert inferred.dp == 64 and inferred.dp_replicate == 8 and inferred.world == 4096
+    assert inferred.pp_schedule == "Interleaved1F1B" and inferred.virtual_stages == 5
+    assert inferred.name == "tp8·cp2·pp4v5·hsdp8x8·zero1·mb1·ac-none·fp8"
+    assert parse_layout("tp=2", 8).zero == 3  # FSDP's default without a pipeline
+
+
+def test_what_the_trainer_cannot_run_is_named_and_other_systems_rules_are_relaxed():
+    from infra.layout import parse_layout, trainer_gaps
+    meta = parse_layout("tp=8,pp=16,vp=8,balanced=1,zero=2", 8192)
+    shape = ModelShape(PRESETS["405b"], 8192)
+    assert trainer_gaps(meta) == ["Interleaved1F1B with 8 stages per rank", "ZeRO-2 under pipelining"]
+    assert check_shape(meta, shape, 8, 2048, trainer_only=False) is None  # 126 layers in 16 × 8 stages, 2 empty
+    assert meta.split(shape).first_chunks == (0, 1, 1, 1, 1, 1, 1, 1)
+    cp = parse_layout("tp=8,cp=3", 24)
+    assert check_shape(cp, SHAPE, 8, 1, trainer_only=False).reason == "layout.cp_indivisible"

@@ -80,3 +80,30 @@ def test_a_layout_that_does_not_fit_says_by_how_much():
     rejection = mem.rejection(layout)
     assert not mem.fits and rejection.reason == "memory.exceeds_capacity"
     assert "GB usable" in rejection.message and rejection.excess == pytest.approx(mem.total - mem.usable)
+
+
+def test_megatron_saves_sharded_inputs_and_fp8_keeps_linear_inputs_in_one_byte():
+    shape = ModelShape(SMALL, 512)  # h = 1024, kv = 512, f = 4096
+    assert layer_activation_bytes(shape, 2, "none", "megatron") == (12 * 1024 + 4 * 512 + 6 * 4096) / 2
+    assert layer_activation_bytes(shape, 2, "selective", "megatron") == layer_activation_bytes(shape, 2, "none",
+                                                                                               "megatron")
+    assert layer_activation_bytes(shape, 2, "none", "megatron", "fp8") == (10 * 1024 + 4 * 512 + 5 * 4096) / 2
+    assert layer_activation_bytes(shape, 1, "selective", "torchtitan") == 8 * 1024 + 2 * 512 + 2 * 4096
+
+
+def test_context_parallel_splits_activations_and_shares_the_optimizer_states():
+    shape, h100 = ModelShape(PRESETS["8b"], 16384), gpu("h100")
+    plain = Layout(tp=1, pp=1, dp_replicate=1, dp_shard=8, zero=3, micro_batch=1, activation_checkpoint="full")
+    cp = Layout(tp=1, pp=1, dp_replicate=1, dp_shard=4, zero=3, micro_batch=1, activation_checkpoint="full", cp=2)
+    a, b = memory_per_rank(shape, plain, h100, 1), memory_per_rank(shape, cp, h100, 1)
+    assert b.activations == pytest.approx(a.activations / 2) and b.logits == pytest.approx(a.logits / 2)
+    assert b.optimizer == pytest.approx(a.optimizer)  # states shard over dp_shard × cp = 8 either way
+
+
+def test_interleaving_counts_the_layers_of_each_virtual_stage_in_flight():
+    # Llama 3: 16 ranks × 8 virtual stages; rank 0's first holds only the embedding, so the 2·15 + 7·16 + 1 = 143
+    # forwards before its first backward hold 7 layers × 16 micro-batches
+    meta = Layout(tp=8, pp=16, dp_replicate=1, dp_shard=64, zero=2, micro_batch=1, pp_schedule="Interleaved1F1B",
+                  virtual_stages=8, balanced_stages=True)
+    assert inflight_microbatches(meta, 32, (0, 1, 1, 1, 1, 1, 1, 1)) == 16
+    assert inflight_microbatches(meta, 32) == pytest.approx(16 * (1 + 15 / 128))  # uniform stages
