@@ -205,6 +205,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
 
     activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation on this rank
     tp_collectives = 8 * layers + 4 * recomputed
+    if fp8:  # the forward all-gathers before q/k/v and w1/w3 carry the FP8-cast inputs (TE, torchao)
+        tp_collectives -= (2 * layers + 2 * recomputed) / 2
     tp = _hidden(tp_collectives * _ring(layout.tp) * activation / nvlink, compute + recompute, layers,
                  a.tp_overlap)
     pp = (2 * layout.virtual_stages * activation / layout.tp / nic * (1 - a.pp_overlap)) if layout.pp > 1 else 0.0
