@@ -19,8 +19,8 @@ shipping every page across a pipe and keeping a second process per worker.)
 Code pages keep their code: both engines keep ``<pre>`` blocks, but drop code laid out in tables
 (line-numbered listings) when tables are excluded, as FineWeb excludes them. When code blocks hold
 at least ``code_page_min_share`` of a page's text, blocks missing from the extraction are appended
-and the document is marked ``meta.format = "code"`` so the prose rules do not judge it. The code
-blocks are found on each engine's own parse tree, by the same rules (``_code_block``).
+and the document is marked ``meta.format = "code"`` so the prose rules do not judge it. Code
+blocks are found on an lxml tree for both engines (resiliparse's only for pages that may hold code).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import ctypes
 import itertools
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -115,7 +116,10 @@ def time_limit(seconds: float) -> Iterator[None]:
 
 def code_blocks(tree, min_chars: int) -> list[str]:
     """Texts of the page's code blocks in document order (lxml tree): ``<pre>``, multi-line
-    ``<code>`` outside ``<pre>``, and tables whose cells are classed as code (line-numbered listings)."""
+    ``<code>`` outside ``<pre>``, and tables whose cells are classed as code (line-numbered listings).
+
+    Line-number gutters (blocks of digits only) are not code.
+    """
     blocks = []
     for element in tree.iter("pre", "code", "table"):
         if element.tag in ("pre", "code"):
@@ -127,27 +131,6 @@ def code_blocks(tree, min_chars: int) -> list[str]:
             if not cells:
                 continue
             text = "\n".join(cell.text_content().rstrip("\n") for cell in cells)
-        if (block := _code_block(element.tag, text, min_chars)) is not None:
-            blocks.append(block)
-    return blocks
-
-
-def _resiliparse_code_blocks(tree, min_chars: int) -> list[str]:
-    """``code_blocks`` on a resiliparse (lexbor) tree."""
-    blocks = []
-    for element in tree.document.query_selector_all("pre, code, table"):
-        if element.tag in ("pre", "code"):
-            parent = element.parent
-            while parent is not None and parent.tag not in ("pre", "code"):
-                parent = parent.parent
-            if parent is not None:
-                continue
-            text = element.text
-        else:
-            cells = [c for c in element.query_selector_all("td[class*='code']") if c.query_selector("pre") is None]
-            if not cells:
-                continue
-            text = "\n".join(cell.text.rstrip("\n") for cell in cells)
         if (block := _code_block(element.tag, text, min_chars)) is not None:
             blocks.append(block)
     return blocks
@@ -188,9 +171,7 @@ def extract_text(html: str, cfg: ExtractConfig) -> tuple[str, bool]:
     tree = load_html(html)
     if tree is None:
         return "", False
-    blocks = code_blocks(tree, cfg.code_block_min_chars) if cfg.keep_code else []
-    code_chars = sum(len(b.strip()) for b in blocks)
-    is_code_page = bool(blocks) and code_chars >= cfg.code_page_min_share * max(1, visible_text_chars(tree))
+    blocks, is_code_page = _code_page(tree, cfg)
     text = trafilatura.extract(
         tree,
         favor_precision=cfg.favor_precision,
@@ -204,21 +185,18 @@ def extract_text(html: str, cfg: ExtractConfig) -> tuple[str, bool]:
     return _with_code(text, blocks, is_code_page), is_code_page
 
 
-def _resiliparse_text(html: str, cfg: ExtractConfig) -> tuple[str, bool]:
-    from resiliparse.extract.html2text import extract_plain_text
-    from resiliparse.parse.html import HTMLTree
+# A page without any of these has no code block; the others are parsed with lxml to look.
+_MAY_HOLD_CODE = re.compile(r"<(?:pre|code)\b|<td\b[^>]*class\s*=\s*[\"']?[^\"'>]*code", re.IGNORECASE)
 
-    tree = HTMLTree.parse(html)
-    if tree.body is None:
-        return "", False
-    blocks = _resiliparse_code_blocks(tree, cfg.code_block_min_chars) if cfg.keep_code else []
-    is_code_page = False
-    if blocks:  # visible characters, not counting spaces, against the code blocks' (same measure)
-        hidden = sum(_solid_chars(e.text) for e in tree.body.query_selector_all("script, style"))
-        visible = _solid_chars(tree.body.text) - hidden
-        is_code_page = sum(map(_solid_chars, blocks)) >= cfg.code_page_min_share * max(1, visible)
+
+def _resiliparse_text(html: str, cfg: ExtractConfig) -> tuple[str, bool]:
+    """Why the HTML string goes in, not a parsed ``HTMLTree``: resiliparse's tree and node objects
+    may only be freed by the thread that made them, and they are freed by the cyclic garbage
+    collector, which runs in any thread (in a Dask worker, its event-loop thread)."""
+    from resiliparse.extract.html2text import extract_plain_text
+
     text = extract_plain_text(
-        tree,
+        html,
         main_content=True,
         alt_texts=False,
         links=False,
@@ -226,12 +204,22 @@ def _resiliparse_text(html: str, cfg: ExtractConfig) -> tuple[str, bool]:
         noscript=False,
         comments=cfg.include_comments,
         skip_elements=None if cfg.include_tables else ["table"],
-    )
-    return _with_code(text.strip(), blocks, is_code_page), is_code_page
+    ).strip()
+    blocks, is_code_page = [], False
+    if cfg.keep_code and _MAY_HOLD_CODE.search(html):
+        from trafilatura.utils import load_html
+
+        tree = load_html(html)
+        if tree is not None:
+            blocks, is_code_page = _code_page(tree, cfg)
+    return _with_code(text, blocks, is_code_page), is_code_page
 
 
-def _solid_chars(text: str | None) -> int:
-    return len("".join((text or "").split()))
+def _code_page(tree, cfg: ExtractConfig) -> tuple[list[str], bool]:
+    """(code blocks, is a code page) of an lxml tree: code blocks hold ``code_page_min_share`` of its text."""
+    blocks = code_blocks(tree, cfg.code_block_min_chars) if cfg.keep_code else []
+    code_chars = sum(len(b.strip()) for b in blocks)
+    return blocks, bool(blocks) and code_chars >= cfg.code_page_min_share * max(1, visible_text_chars(tree))
 
 
 def _with_code(text: str, blocks: list[str], is_code_page: bool) -> str:

@@ -8,7 +8,7 @@ from tasks.datasets import Stats
 from tasks.ingest.base import Document
 from tasks.ingest.config import ExtractConfig
 from tasks.ingest.config import EXTRACT_ENGINES
-from tasks.ingest.extract import Extract, ExtractTimeout, _resiliparse_code_blocks, code_blocks, extract_text, time_limit
+from tasks.ingest.extract import Extract, ExtractTimeout, code_blocks, extract_text, time_limit
 from tests.tasks.ingest.crawl_files import article_page, prose
 
 CODE = "\n".join(
@@ -159,13 +159,11 @@ def test_a_prose_page_with_a_small_snippet_stays_prose(engine):
 
 
 def test_line_number_gutters_are_not_code_blocks():
-    from resiliparse.parse.html import HTMLTree
     from trafilatura.utils import load_html
 
     numbers = "\n".join(str(i) for i in range(1, 40))
     page = f"<html><body><table><tr><td><pre>{numbers}</pre></td><td class='code'><pre>{CODE}</pre></td></tr></table></body></html>"
     assert code_blocks(load_html(page), 40) == [CODE]
-    assert _resiliparse_code_blocks(HTMLTree.parse(page), 40) == [CODE]
 
 
 def test_extract_text_returns_empty_for_markup_without_text(engine):
