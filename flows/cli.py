@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -283,6 +284,57 @@ def export(
     _emit(result, as_json, lambda r: console.print(f"exported {r['checkpoint']} to {r['url']} ({r['bytes']:,} bytes)"))
 
 
+@app.command()
+def launch(
+    engine: Annotated[str, typer.Argument(help="slurm (render + sbatch) or kubernetes (a PyTorchJob manifest).")],
+    data: Annotated[list[str], typer.Option("--data", "-d", help="Token dataset URL, or name=URL for a mixture (repeatable).")],
+    root: RootOpt = "smelt-data",
+    run_dir: Annotated[Optional[str], typer.Option(help="Run folder (default <root>/train/<fingerprint>); every node must reach it.")] = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    nodes: Annotated[int, typer.Option(help="Nodes (one torchrun agent each).")] = 1,
+    procs_per_node: Annotated[int, typer.Option(help="Ranks per node (one per GPU).")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs to request per node (0: a CPU job).")] = 0,
+    cpus_per_node: Annotated[int, typer.Option(help="CPUs to request per node (0: the scheduler's default).")] = 0,
+    max_restarts: Annotated[int, typer.Option(help="torchrun restarts of all ranks inside one job.")] = 3,
+    time_limit_minutes: Annotated[int, typer.Option(help="Job time limit (0: the partition's).")] = 0,
+    stop_lead_s: Annotated[int, typer.Option(help="SIGUSR1 this many seconds before the limit: final checkpoint, requeue.")] = 300,
+    rdzv_port: Annotated[int, typer.Option(help="c10d rendezvous port on the first node.")] = 29500,
+    partition: Annotated[str, typer.Option(help="Slurm partition.")] = "",
+    account: Annotated[str, typer.Option(help="Slurm account.")] = "",
+    log_dir: Annotated[str, typer.Option(help="Folder for the job's output and the rendered script (default ./smelt-logs).")] = "",
+    image: Annotated[str, typer.Option(help="Kubernetes: container image with smelt installed.")] = "smelt:latest",
+    namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "default",
+    store_secret: Annotated[str, typer.Option(help="Kubernetes Secret holding the AWS_* object store variables.")] = "smelt-store",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the script or manifest; write and submit nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train on a cluster: render a Slurm batch script (and submit it) or a Kubernetes PyTorchJob."""
+    from flows.config import section
+    from flows.train import parse_data, run_dir_for
+    from infra.launch.job import launch as launch_job
+    from tasks.config import from_dict
+    from tasks.train.config import TrainConfig
+
+    cfg = _config(config, set_)
+    train_cfg = section(cfg, "train")
+    sources = parse_data(data)
+    url = run_dir or run_dir_for(sources, root, from_dict(TrainConfig, train_cfg))[0]
+    result = launch_job(engine, data=sources, config=train_cfg, run_dir=url, dry_run=dry_run,
+                        nodes=nodes, procs_per_node=procs_per_node, gpus_per_node=gpus_per_node,
+                        cpus_per_node=cpus_per_node, max_restarts=max_restarts, time_limit_minutes=time_limit_minutes,
+                        stop_lead_s=stop_lead_s, rdzv_port=rdzv_port, partition=partition, account=account,
+                        log_dir=log_dir, image=image, namespace=namespace, store_secret=store_secret)
+    if as_json:
+        print(json.dumps(result, sort_keys=True))
+    elif dry_run:
+        print(result["text"], end="")
+    elif result["job_id"]:
+        console.print(f"submitted Slurm job {result['job_id']} ({result['path']}); run folder {result['run_dir']}")
+    else:
+        console.print(f"wrote {result['path']}; start it with: kubectl apply -f {result['path']}")
+
+
 @classifier_app.command("train")
 def classifier_train(
     positive: Annotated[str, typer.Option(help="Documents dataset of good examples.")],
@@ -307,16 +359,33 @@ def _register_planner() -> None:
     app.command("simulate")(simulate_command)
 
 
+def _preflight_stores(argv: list[str]) -> None:
+    """Every object store URL on the command line must name a reachable, readable bucket: a wrong
+    endpoint, key or bucket fails here in seconds with one sentence, not deep inside a flow."""
+    from tasks.objectstore import preflight
+
+    buckets = {}
+    for arg in argv:
+        for url in re.findall(r"s3a?://[^/,\s]+", arg):
+            buckets.setdefault(url, None)
+    for url in buckets:
+        preflight(url)
+
+
 def main() -> None:
     """Entry point: user mistakes become one sentence on stderr and exit code 2."""
     from tasks.config import ConfigError
     from tasks.datasets import DatasetError
 
+    from infra.launch.job import SubmitError
+    from tasks.objectstore import StoreError
+
     _prefect_env()
     _register_planner()
     try:
+        _preflight_stores(sys.argv[1:])
         app()
-    except (ConfigError, DatasetError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, DatasetError, FileNotFoundError, ValueError, StoreError, SubmitError) as e:
         console.print(f"[red]error:[/red] {e}")
         sys.exit(2)
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from infra.catalogue import gpu as lookup_gpu
 from infra.catalogue import parse_overrides
+from infra.launch.job import launch_command
 from infra.layout import parse_layout, trainer_gaps
 from infra.memory import GB
 from infra.models import parse_model_set
@@ -255,6 +256,9 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
     console.print(t)
     overrides = L.trainer_overrides(i.global_seqs, i.seq_len)
     console.print("trainer: " + " ".join(f"--set {k}={v}" for k, v in overrides.items()), soft_wrap=True)
+    per_node = i.gpu.gpus_per_node
+    console.print("launch: " + launch_command("slurm", i.gpus // per_node, per_node, per_node,
+                                                {"model_preset": i.model, **overrides}), soft_wrap=True)
 
     if not result.given:
         t = _table("Runners-up (best of each tp·pp·AC family)", "layout", "days", "MFU", "why it loses")

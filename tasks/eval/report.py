@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import io
-import json
 
-from tasks import datasets
+from tasks import datasets, jsonlog
 
 
 def read_metrics(run_dir: str) -> list[dict]:
     """Per-step records of ``<run_dir>/metrics.jsonl``; a step redone after a restart keeps its last record."""
-    fs, path = datasets.filesystem(datasets.join(run_dir, "metrics.jsonl"))
-    if not fs.exists(path):
-        return []
-    by_step = {}
-    for line in fs.cat_file(path).decode().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            by_step[record["step"]] = record
+    by_step = {record["step"]: record for record in jsonlog.read(run_dir, "metrics.jsonl")}
     return [by_step[s] for s in sorted(by_step)]
 
 
