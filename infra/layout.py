@@ -322,6 +322,8 @@ def parse_layout(text: str, gpus: int, precision: str = "bf16") -> Layout:
     if ac not in AC_MODES:
         raise ValueError(f"--layout ac={ac!r}: choose one of {', '.join(AC_MODES)}")
     zero = whole("zero", 1 if pp > 1 else 3) if fields.get("zero") != "0" else 0
+    if zero > 3:
+        raise ValueError(f"--layout zero={zero}: ZeRO stages are 0, 1, 2 and 3")
     precision = fields.get("precision", precision).lower()
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: choose one of {', '.join(PRECISIONS)}")

@@ -102,6 +102,7 @@ def test_custom_shapes_from_model_set_and_from_a_hugging_face_config(tmp_path):
     (["--layout", "tp=8,pp=4,dp=3"], "GPUs, but --gpus is 4096"),
     (["--layout", "tp=8,colour=2"], "key one of"),
     (["--layout", "tp=8,ac=some"], "choose one of none"),
+    (["--layout", "tp=8,zero=4"], "ZeRO stages are 0, 1, 2 and 3"),
     (["--precision", "fp4"], "--precision 'fp4'"),
     (["--model-set", "depth=3"], "key one of dim"),
     (["--model-set", "dim=4095,heads=32"], "divisible"),
