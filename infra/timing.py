@@ -3,12 +3,13 @@
 One step = (m + (p-1)/v) micro-batch slots on the slowest pipeline stage (the last term is the 1F1B /
 interleaved bubble, (p-1)/(m·v+p-1) of the step; ZB-V fills most of it with weight-gradient work) + the
 data-parallel traffic that compute cannot hide.
-Per micro-batch slot: forward+backward FLOPs of the stage (+ one more forward under full recomputation;
-selective recomputation reruns only memory-bound ops, timed by HBM bandwidth), the
-tensor-parallel collectives over NVLink (with sequence parallel: an all-gather and a reduce-scatter
-around attention and around the MLP, each way, so 8 per layer, 12 with recomputation) and the pipeline
-send/receive over the inter-node network. Bandwidths are ring bandwidths: (n-1)/n of the message crosses
-each GPU's link.
+Per micro-batch slot: forward+backward FLOPs of the stage (GEMMs at ``compute`` × peak, attention at
+``attention`` × that rate; + one more forward under full recomputation; selective recomputation reruns
+only memory-bound ops), the memory-bound ops themselves at HBM bandwidth (norms, residual adds, rotary,
+SwiGLU, the loss), the tensor-parallel collectives over NVLink (with sequence parallel: an all-gather and a
+reduce-scatter around attention and around the MLP, each way, so 8 per layer, 12 with recomputation) and
+the pipeline send/receive over the inter-node network. Bandwidths are ring bandwidths: (n-1)/n of the
+message crosses each GPU's link; a group spread over nodes with k members per node uses k NICs at once.
 
 MFU counts model FLOPs only (6N + 12·L·H·Q·T per token, ``ModelConfig.flops_per_token``), as the trainer
 reports it, so recomputation lowers MFU. It is always against the dense bf16 peak, FP8 runs included.
@@ -18,7 +19,8 @@ FP8 (Transformer Engine, torchao float8): the linear layers' forward and backwar
 infra/validation.py). Attention (the score and value matmuls and softmax), the norms, the embedding, the
 output projection and the optimizer stay in bf16/fp32. The casts cost HBM traffic: each linear input
 (forward) and output gradient (backward) is read for its amax, read again and written as FP8 plus an
-FP8 transpose (6 bytes per element), and each weight is cast once per micro-batch.
+FP8 transpose (6 bytes per element), and each weight is cast once per micro-batch. The sequence-parallel
+all-gathers before q/k/v and w1/w3 carry the FP8-cast input (1 byte).
 
 Context parallel (ring attention, as Transformer Engine and torch's context_parallel run it): each rank
 holds seq_len/cp tokens of every sequence, load-balanced for the causal mask, and passes its K and V around
