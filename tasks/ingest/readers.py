@@ -22,6 +22,7 @@ Network and permission errors are not data faults: they raise, so the work item 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import contextlib
 import gzip
 import hashlib
@@ -255,67 +256,286 @@ def read_wet(url: str, cfg: ReaderConfig, stats: Stats) -> Iterator[Document]:
 
 
 def _read_archive(url: str, cfg: ReaderConfig, stats: Stats, record_type: str) -> Iterator[Document]:
-    from warcio.archiveiterator import ArchiveIterator
-    from warcio.exceptions import ArchiveLoadFailed
+    """Documents of the ``record_type`` records of one WARC/WET file; every record is accounted for.
 
-    with open_input(url) as raw:
-        stream = _EOFWatch(raw)
-        archive = ArchiveIterator(stream)
-        try:
-            for record in archive:
-                if record.rec_type != record_type:
-                    stats.add("other_records")
-                    continue
+    Records are framed here (``_WarcFramer``), not by warcio's iterator, so a bad record costs only
+    itself: a lying or missing Content-Length, a malformed header block or a corrupt gzip member
+    is counted and reading resumes at the next record. warcio then parses each framed record's
+    HTTP head and body. ``in`` = ``out`` + every ``dropped.read_*`` and ``failed.read_*``.
+    """
+    with fsspec.open(url, "rb") as raw:
+        framer = _WarcFramer(_decompressed_chunks(url, raw), cfg.max_payload_bytes + _HEAD_SLACK, _compression(url))
+        for record in framer:
+            if record.failure is not None:
                 stats.add("in")
-                doc = _record_document(url, archive, record, cfg, stats)
-                if doc is not None:
-                    stats.add("out")
-                    yield doc
-        except EOFError:
-            pass  # counted below from the watch: the compressed stream ended early
-        except (ArchiveLoadFailed, ValueError, KeyError, IndexError) as e:
-            # The record framing is lost (typically a lying Content-Length before it): warcio cannot
-            # find the next record, so the rest of this file is skipped.
-            stats.add("failed.read_bad_record")
-            log.warning("%s: unreadable WARC record after offset %s, skipping the rest of the file: %s", url, archive.offset, e)
-        except (gzip.BadGzipFile, zlib.error) as e:
-            stats.add("failed.read_corrupt_file")
-            log.warning("%s: corrupt compressed data, skipping the rest of the file: %s", url, e)
-        if stream.truncated:
-            stats.add(f"failed.read_truncated_{_compression(url)}")
-            log.warning("%s: file is truncated; records after offset %s are lost", url, archive.offset)
+                stats.add(f"failed.read_{record.failure}")
+                log.warning("%s: record at offset %d skipped (%s); reading on from the next record",
+                            url, record.offset, record.failure)
+                continue
+            if record.warc_type != record_type:
+                stats.add("other_records")
+                continue
+            stats.add("in")
+            if record.body is None:
+                stats.add("dropped.read_too_large")
+                continue
+            doc = _framed_document(url, record, cfg, stats)
+            if doc is not None:
+                stats.add("out")
+                yield doc
 
 
-class _EOFWatch:
-    """Remembers that the decompressor hit a truncated end, and loses no byte before it.
+_HEAD_SLACK = 1 << 16  # bytes of HTTP head and framing held beyond max_payload_bytes
+_MAX_WARC_HEAD = 1 << 16
+_WARC_MAGIC = b"WARC/1."
+_WARC_DATE_RE = re.compile(rb"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:?\d{2})?)?$")
+_GZIP_MAGIC = b"\x1f\x8b\x08"
+_GAP = None  # in a chunk stream: corrupt compressed data was skipped here
+_END = 1 << 62
 
-    warcio treats ``EOFError`` while parsing a record header as the normal end of the archive, so
-    a file cut inside a header would otherwise end quietly. Reads go through ``read1`` (one
-    underlying read each): a buffered ``read(n)`` that meets the truncation throws away the bytes
-    it had already decompressed, and with them the last complete records.
+
+def _decompressed_chunks(url: str, raw: IO[bytes]) -> Iterator[bytes | None]:
+    """The uncompressed bytes of ``raw`` in chunks; a truncated gzip/zstd stream raises ``EOFError``."""
+    name = url.lower()
+    if name.endswith(".gz"):
+        yield from _gzip_members(raw)
+        return
+    stream = io.BufferedReader(ZstdReader(raw), buffer_size=READ_CHUNK) if name.endswith(".zst") else raw
+    while chunk := stream.read(READ_CHUNK):
+        yield chunk
+
+
+def _gzip_members(raw: IO[bytes]) -> Iterator[bytes | None]:
+    """Decompress gzip member after member (a WARC holds one record per member). Corrupt data
+    yields ``_GAP`` once, and decoding resumes at the next gzip header in the compressed bytes."""
+    data, decoder, fresh, skipping = b"", None, False, False
+    while True:
+        if not data:
+            data = raw.read(READ_CHUNK)
+            if not data:
+                if decoder is not None:
+                    raise EOFError("gzip stream ended inside a member (truncated file)")
+                return
+            fresh = decoder is None
+        if decoder is None:
+            decoder = zlib.decompressobj(31)
+        try:
+            out = decoder.decompress(data, READ_CHUNK)
+            while True:  # output is capped per call, so one record never sits in memory whole
+                if out:
+                    skipping = False
+                    yield out
+                if decoder.eof:
+                    break
+                if decoder.unconsumed_tail:
+                    out = decoder.decompress(decoder.unconsumed_tail, READ_CHUNK)
+                elif len(out) == READ_CHUNK:  # input used up, output may still be pending
+                    out = decoder.decompress(b"", READ_CHUNK)
+                else:
+                    break
+        except zlib.error:
+            if not skipping:
+                skipping = True
+                yield _GAP
+            at = data.find(_GZIP_MAGIC, 1 if fresh else 0)
+            while at < 0:  # read on until the next member header
+                more = raw.read(READ_CHUNK)
+                if not more:
+                    return
+                data = data[-2:] + more
+                at = data.find(_GZIP_MAGIC)
+            data, decoder, fresh = data[at:], None, True
+            continue
+        if decoder.eof:
+            data, decoder, fresh = decoder.unused_data, None, True
+        else:
+            data = b""
+
+
+@dataclasses.dataclass
+class _Framed:
+    """One record as framed: its WARC head and body, or why it could not be read."""
+
+    offset: int
+    warc_type: str = ""
+    head: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    raw_head: bytes = b""
+    body: bytes | None = None  # None: larger than the framer holds
+    failure: str | None = None
+
+
+class _WarcFramer:
+    """Splits an uncompressed WARC byte stream into records, resynchronising after a bad one.
+
+    A record is ``WARC/1.x`` + header lines + CRLF + Content-Length bytes + CRLF CRLF. When the
+    bytes after the body are not that trailer, the length lied: the next record is the next
+    ``WARC/1.`` at a line start (searched in the held bytes first, then onward). Offsets are
+    positions in the uncompressed stream. Memory: one record of at most ``retain`` bytes; a
+    longer body is streamed past (and a ``WARC/1.`` header line inside it ends it as a lie).
     """
 
-    def __init__(self, raw: IO[bytes]):
-        self._raw = raw
-        self._read = getattr(raw, "read1", raw.read)
-        self.truncated = False
+    def __init__(self, chunks: Iterator[bytes | None], retain: int, compression: str) -> None:
+        self._chunks, self._retain, self._compression = chunks, retain, compression
+        self._buf, self._base = bytearray(), 0  # _buf[0] is stream offset _base
+        self._gaps: list[int] = []  # offsets where corrupt compressed data was skipped
+        self._eof = self._truncated = self._truncation_counted = False
 
-    def read(self, size: int = -1) -> bytes:
-        try:
-            return self._read(size)
-        except EOFError:
-            self.truncated = True
-            raise
+    # -- the byte window -------------------------------------------------------------------
 
-    def tell(self) -> int:
-        return self._raw.tell()
+    def _more(self) -> bool:
+        while not self._eof:
+            try:
+                chunk = next(self._chunks)
+            except StopIteration:
+                self._eof = True
+            except EOFError:
+                self._eof = self._truncated = True
+            else:
+                if chunk is _GAP:
+                    self._gaps.append(self._base + len(self._buf))
+                    continue
+                self._buf += chunk
+                return True
+        return False
+
+    @property
+    def _end(self) -> int:
+        return self._base + len(self._buf)
+
+    def _have(self, end: int) -> bool:
+        while self._end < end:
+            if not self._more():
+                return False
+        return True
+
+    def _bytes(self, start: int, end: int) -> bytes:
+        return bytes(self._buf[start - self._base: end - self._base])
+
+    def _forget(self, before: int) -> None:
+        if before - self._base > READ_CHUNK:
+            del self._buf[: before - self._base]
+            self._base = before
+
+    def _find(self, needle: bytes, start: int, limit: int = _END) -> int:
+        """Offset of ``needle`` in ``[start, limit)``, reading on as needed (and forgetting what it passed); -1 if none."""
+        while True:
+            end = min(limit, self._end)
+            at = self._buf.find(needle, start - self._base, end - self._base)
+            if at >= 0:
+                return at + self._base
+            if end >= limit or not self._more():
+                return -1
+            start = max(start, end - len(needle) + 1)
+            self._forget(start)
+
+    def _next_record(self, start: int, limit: int = _END, boundary: bool = False) -> int:
+        """Offset of the next ``WARC/1.`` at a line start from ``start`` (or at ``start`` itself when it
+        follows skipped data: ``boundary``); -1 if there is none before ``limit``."""
+        if boundary and self._have(start + len(_WARC_MAGIC)) and self._bytes(start, start + len(_WARC_MAGIC)) == _WARC_MAGIC:
+            return start
+        at = self._find(b"\n" + _WARC_MAGIC, max(start - 1, 0), limit)
+        return at + 1 if at >= 0 else -1
+
+    # -- records -----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[_Framed]:
+        pos = 0
+        while True:
+            self._forget(pos)
+            while self._have(pos + 1) and self._buf[pos - self._base] in b"\r\n":
+                pos += 1
+            while self._gaps and self._gaps[0] <= pos:  # whole members lost before this record
+                yield _Framed(self._gaps.pop(0), failure="corrupt_gzip")
+            if not self._have(pos + 1):
+                if self._truncated and not self._truncation_counted:
+                    yield _Framed(pos, failure=f"truncated_{self._compression}")
+                return
+            record, pos = self._frame(pos)
+            yield record
+
+    def _frame(self, start: int) -> tuple[_Framed, int]:
+        record, end = self._frame_bytes(start)
+        inside = [g for g in self._gaps if start < g < max(end, start + 1)]
+        if inside:  # the record's bytes run across skipped corrupt data
+            self._gaps = [g for g in self._gaps if g > inside[0]]
+            resume = self._next_record(inside[0], boundary=True)
+            return _Framed(start, failure="corrupt_gzip"), resume if resume >= 0 else self._end
+        return record, end
+
+    def _fail(self, start: int, reason: str, resume_from: int) -> tuple[_Framed, int]:
+        if not self._have(resume_from) or (at := self._next_record(resume_from)) < 0:
+            if self._truncated and not self._truncation_counted:
+                self._truncation_counted = True
+                reason = f"truncated_{self._compression}"
+            return _Framed(start, failure=reason), self._end
+        return _Framed(start, failure=reason), at
+
+    def _frame_bytes(self, start: int) -> tuple[_Framed, int]:
+        if not self._have(start + len(_WARC_MAGIC)) or self._bytes(start, start + len(_WARC_MAGIC)) != _WARC_MAGIC:
+            return self._fail(start, "bad_header", start + 1)
+        head_end = self._find(b"\r\n\r\n", start, start + _MAX_WARC_HEAD)
+        if head_end < 0:
+            return self._fail(start, "bad_header", start + 1)
+        raw_head = self._bytes(start, head_end + 4)
+        head = _parse_warc_head(raw_head)
+        body_start = head_end + 4
+        length = head.get("content-length", b"").strip()
+        if not length.isdigit():
+            return self._fail(start, "no_length", body_start)
+        body_end = body_start + int(length)
+        warc_type = head.get("warc-type", b"").decode("latin-1").strip()
+        if int(length) <= self._retain:
+            complete = self._have(body_end + 4)
+            if complete and self._bytes(body_end, body_end + 4) == b"\r\n\r\n":
+                body = self._bytes(body_start, body_end)
+                return _Framed(start, warc_type, head, raw_head, body), body_end + 4
+            inside = self._next_record(body_start, min(body_end + 4, self._end))
+            if inside >= 0:
+                return _Framed(start, failure="bad_length"), inside
+            return self._fail(start, "bad_length", min(body_end, self._end))
+        inside = self._next_record(body_start, body_end + 4)  # streams past the body, holding none of it
+        if inside >= 0:
+            return _Framed(start, failure="bad_length"), inside
+        if self._have(body_end + 4) and self._bytes(body_end, body_end + 4) == b"\r\n\r\n":
+            return _Framed(start, warc_type, head, raw_head, None), body_end + 4
+        return self._fail(start, "bad_length", min(body_end, self._end))
+
+
+def _parse_warc_head(raw: bytes) -> dict[str, bytes]:
+    """Lower-cased WARC header names to their raw values (the first of repeated names wins)."""
+    fields: dict[str, bytes] = {}
+    for line in raw.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep:
+            fields.setdefault(name.strip().decode("latin-1").lower(), value.strip())
+    return fields
+
+
+def _framed_document(url: str, record: _Framed, cfg: ReaderConfig, stats: Stats) -> Document | None:
+    """A framed record's header checks, then warcio's parse of its HTTP head and body."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    if not record.head.get("warc-target-uri"):
+        stats.add("failed.read_no_target_uri")
+        return None
+    date = record.head.get("warc-date")
+    if date is not None and not _WARC_DATE_RE.match(date):
+        stats.add("failed.read_bad_date")
+        return None
+    try:
+        parsed = next(iter(ArchiveIterator(io.BytesIO(record.raw_head + record.body + b"\r\n\r\n"))))
+        return _record_document(url, parsed, record.offset, cfg, stats)
+    except Exception as e:  # the bytes are in memory: anything warcio raises is a fault of this record
+        stats.add("failed.read_bad_record")
+        log.warning("%s: record at offset %d cannot be parsed: %s", url, record.offset, e)
+        return None
 
 
 def _compression(url: str) -> str:
     return "zstd" if url.lower().endswith(".zst") else "gzip"
 
 
-def _record_document(url: str, archive: Any, record: Any, cfg: ReaderConfig, stats: Stats) -> Document | None:
+def _record_document(url: str, record: Any, offset: int, cfg: ReaderConfig, stats: Stats) -> Document | None:
     """One record as a Document, or None with the reason counted."""
     headers = record.rec_headers
     http = record.http_headers
@@ -323,7 +543,6 @@ def _record_document(url: str, archive: Any, record: Any, cfg: ReaderConfig, sta
     if http is not None:
         status = http.get_statuscode() or ""
         if cfg.require_http_ok and not status.startswith("2"):
-            archive.read_to_end()
             stats.add("dropped.read_http_status")
             return None
         content_type = http.get_header("Content-Type") or ""
@@ -332,23 +551,14 @@ def _record_document(url: str, archive: Any, record: Any, cfg: ReaderConfig, sta
 
     is_html = record.rec_type == "response"
     if is_html and mime and mime not in cfg.html_content_types:
-        archive.read_to_end()
         stats.add("dropped.read_non_html")
         return None
 
     try:
         payload = record.content_stream().read(cfg.max_payload_bytes + 1)
     except (zlib.error, ValueError, OSError) as e:  # a broken Content-Encoding or chunked body
-        archive.read_to_end()
         stats.add("failed.read_bad_record")
         log.warning("%s: cannot decode the body of record %s: %s", url, headers.get_header("WARC-Record-ID"), e)
-        return None
-    errors_before = archive.err_count
-    archive.read_to_end()  # finds out whether the record ended where its Content-Length said
-    if archive.err_count > errors_before or record.raw_stream.limit > 0:
-        stats.add("failed.read_bad_record")
-        log.warning("%s: record at offset %s does not end where its Content-Length says; skipped",
-                    url, archive.get_record_offset())
         return None
     if len(payload) > cfg.max_payload_bytes:
         stats.add("dropped.read_too_large")
@@ -369,7 +579,6 @@ def _record_document(url: str, archive: Any, record: Any, cfg: ReaderConfig, sta
     text, charset, replaced = decoded
     if replaced:
         stats.add("decoded_with_replacements")
-    offset = archive.get_record_offset()
     record_id = headers.get_header("WARC-Record-ID") or ""
     meta: dict[str, Any] = {
         "format": "html" if is_html else "text",
