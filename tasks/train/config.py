@@ -285,7 +285,12 @@ class TrainConfig:
         return preset(self.model_preset, **overrides)
 
     def model_for_data(self, data_vocab_size: int) -> ModelConfig:
-        """The model for data tokenized with a ``data_vocab_size`` vocabulary; refuses one too small for its ids."""
+        """The model for data tokenized with a ``data_vocab_size`` vocabulary; refuses one too small for its ids.
+        With ``init_from`` it is the Hugging Face folder's shape (tasks/train/hf.py; imports torch)."""
+        if self.init_from:
+            from tasks.train import hf
+
+            return hf.model_config(hf.read_config(hf.local_folder(self.init_from)), vocab_size=data_vocab_size)
         model = self.model_config(vocab_size=data_vocab_size)
         _require(model.vocab_size >= data_vocab_size,
                  f"the model's vocabulary ({model.vocab_size}, from train.model.vocab_size or preset "

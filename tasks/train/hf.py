@@ -6,8 +6,10 @@ a fixed permutation of the rows of wq and wk inside each head, so the export per
 (``to_hf``) and a load permutes them back (``from_hf``); every other tensor is only renamed.
 
 A Hugging Face folder is read one tensor at a time (``HFWeights``): ``load_into`` fills a sharded
-model (FSDP, TP, pipeline stages) parameter by parameter, each rank keeping only its shard, so no
-rank ever holds more than one full parameter.
+model (FSDP, TP, pipeline stages) parameter by parameter. Where a rank's shard is one block of the
+parameter (FSDP, TP or HSDP alone) it reads just that block from the safetensors file; for strided
+layouts (FSDP over TP) it reads the full parameter and keeps its shard, so no rank ever holds more
+than one full parameter.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from tasks import datasets
 from tasks.train.config import ModelConfig
@@ -213,34 +217,71 @@ class HFWeights:
     def names(self) -> list[str]:
         return sorted(self.files, key=hf_order)
 
-    def get(self, name: str) -> torch.Tensor:
-        """The full value of smelt parameter ``name``; the tied head reads the embeddings."""
+    def _source(self, name: str) -> tuple[str, str]:
         if name not in self.files and name == "output.weight" and self.model_cfg.tie_embeddings:
-            name = "tok_embeddings.weight"
+            name = "tok_embeddings.weight"  # the tied head reads the embeddings
         if name not in self.files:
             raise ValueError(f"{self.folder} has no tensor for {name} ({hf_name(name)})")
-        file, hf = self.files[name]
+        return self.files[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        file, hf = self._source(name)
+        with safe_open(self.folder / file, framework="pt") as f:
+            return tuple(f.get_slice(hf).get_shape())
+
+    def get(self, name: str) -> torch.Tensor:
+        """The full value of smelt parameter ``name``."""
+        file, hf = self._source(name)
         with safe_open(self.folder / file, framework="pt") as f:
             tensor = f.get_tensor(hf)
         return from_hf(hf, tensor, self.model_cfg.head_dim)[1]
+
+    def get_box(self, name: str, offset: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+        """The block ``[offset, offset + shape)`` of smelt parameter ``name``, reading only that block
+        (for wq/wk: the whole heads it lies in, whose rows the layout permutes)."""
+        file, hf = self._source(name)
+        box = [slice(o, o + n) for o, n in zip(offset, shape)]
+        inner = slice(None)
+        if name.endswith(_ROTATED):
+            E = self.model_cfg.head_dim
+            first, end = offset[0] // E * E, -(-(offset[0] + shape[0]) // E) * E
+            box[0], inner = slice(first, end), slice(offset[0] - first, offset[0] - first + shape[0])
+        with safe_open(self.folder / file, framework="pt") as f:
+            block = f.get_slice(hf)[tuple(box)]
+        return _permute(name, block, self.model_cfg.head_dim, to_half_split=False)[inner].contiguous()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor at once (small models: tests, eval)."""
         return {name: self.get(name) for name in self.names()}
 
 
+def _local_box(param: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``(offset, shape)`` of this rank's shard of ``param`` when it is one block of the full tensor
+    (plain Shard/Replicate placements: FSDP, TP, HSDP alone); None for strided layouts (FSDP over TP)."""
+    if not all(type(p) in (Shard, Replicate) for p in param.placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return tuple(offset), tuple(shape)
+
+
 @torch.no_grad()
 def load_into(parts: Iterable[nn.Module], folder: str | Path) -> int:
     """Overwrite every parameter of the (possibly sharded, possibly pipeline-split) model ``parts``
-    with the folder's weights, one full tensor at a time; returns the number of tensors loaded."""
+    with the folder's weights; returns the number of tensors loaded. A rank reads only its own block
+    of each parameter where its shard is one block, otherwise one full parameter at a time."""
     weights = HFWeights(folder)
     loaded = 0
     for part in parts:
         for name, param in part.named_parameters():
-            value = weights.get(canonical_name(name))
-            if tuple(value.shape) != tuple(param.shape):
-                raise ValueError(f"{name}: the folder holds shape {tuple(value.shape)}, the model {tuple(param.shape)}")
-            _assign_full_value(param, value.to(param.dtype))
+            name = canonical_name(name)
+            full_shape = weights.shape(name)
+            if full_shape != tuple(param.shape):
+                raise ValueError(f"{name}: the folder holds shape {full_shape}, the model {tuple(param.shape)}")
+            box = _local_box(param) if isinstance(param, DTensor) else None
+            if box is not None:
+                param.to_local().copy_(weights.get_box(name, *box).to(param.dtype))
+            else:
+                _assign_full_value(param, weights.get(name).to(param.dtype))
             loaded += 1
     return loaded
 

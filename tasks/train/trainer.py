@@ -190,10 +190,7 @@ class Trainer:
             datasets, weights, split="train", seq_len=cfg.data.seq_len, global_batch=cfg.data.global_batch,
             dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size, seed=cfg.data.seed, prefetch=cfg.data.prefetch,
         )
-        self.model_cfg: ModelConfig = cfg.model_for_data(self.loader.vocab_size)
-        if cfg.init_from:  # continued pretraining: the Hugging Face folder's shape (tasks/train/hf.py)
-            self.model_cfg = hf.model_config(hf.read_config(hf.local_folder(cfg.init_from)),
-                                             vocab_size=self.loader.vocab_size)
+        self.model_cfg: ModelConfig = cfg.model_for_data(self.loader.vocab_size)  # init_from: the folder's shape
 
         # 3. Model: built on meta (no memory), split into this rank's pipeline stages, sharded,
         #    and only then allocated and initialised (layout-independently, from cfg.seed).
@@ -474,7 +471,7 @@ def describe_layout(cfg: TrainConfig, *, world_size: int, vocab_size: int) -> di
     meta and split as the trainer splits it). Raises ValueError for a layout the trainer refuses.
     Memory per rank is the planner's model (``infra/memory.py``, ``smelt plan``), not repeated here."""
     dims = ParallelDims.from_config(cfg.parallel, world_size)
-    model_cfg = cfg.model_config(vocab_size=vocab_size)
+    model_cfg = cfg.model_for_data(vocab_size)
     with torch.device("meta"):
         whole = Transformer(model_cfg)
     check_model_fits(whole, dims, cfg.data.seq_len)

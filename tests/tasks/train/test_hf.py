@@ -213,6 +213,13 @@ def test_a_transformers_written_llama_folder_loads_into_smelt(tmp_path):
             layer.self_attn.k_proj.weight.mul_(20.0)
     reference.save_pretrained(tmp_path / "hf", max_shard_size="100KB")
     model = hf.load_model(tmp_path / "hf")
+    weights = hf.HFWeights(tmp_path / "hf")
+    for name, offset, shape in [("layers.1.attention.wq.weight", (20, 0), (17, 64)),  # rows across heads
+                                ("layers.0.attention.wk.weight", (16, 8), (16, 40)),
+                                ("layers.0.feed_forward.w2.weight", (0, 48), (64, 48)), ("norm.weight", (5,), (0,))]:
+        full = weights.get(name)
+        box = tuple(slice(o, o + n) for o, n in zip(offset, shape))
+        assert torch.equal(weights.get_box(name, offset, shape), full[box]), name  # a rank's block, read alone
     ids = torch.randint(0, 100, (2, 48), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (model(ids) - reference(ids).logits).abs().max().item() < 1e-4

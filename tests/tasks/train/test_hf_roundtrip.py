@@ -83,3 +83,14 @@ def test_export_then_init_from_on_another_layout_continues_with_the_same_loss(tm
     # The check can fail: the same layout without init_from starts from random weights, far higher.
     run_ranks(4, _first_step, layout, corpus, str(tmp_path / "fresh"), out)
     assert torch.load(f"{out}.rank0.pt")["loss"] > expected + 1.0
+
+
+def test_init_from_gives_the_run_the_folders_shape_before_any_rank_starts(exported):
+    from tasks.train.trainer import describe_layout
+
+    corpus, export, _ = exported
+    cfg = config([f"init_from={export}", "model.dim=64", "model.n_layers=3"])  # the folder's shape wins
+    assert cfg.model_for_data(256) == load_model(export).cfg
+    assert describe_layout(cfg, world_size=2, vocab_size=256)["model"]["params"] == load_model(export).cfg.num_params()
+    with pytest.raises(ValueError, match="vocabulary holds 256"):
+        cfg.model_for_data(300)
