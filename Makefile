@@ -7,7 +7,7 @@ ROOT   ?= smelt-data
 # pytest exits 5 when it collects no test; that is not a failure of the suite.
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench clean serve serve-stop
 
 setup: $(STAMP)
 
@@ -22,6 +22,13 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: setup
 	$(BIN)/smelt run --root $(ROOT)
+
+# A local Prefect server, the work pool, every deployment and a process worker (README: Orchestration).
+serve: setup
+	$(BIN)/smelt server start
+
+serve-stop: setup
+	$(BIN)/smelt server stop
 
 test: setup
 	$(PYTEST) -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc

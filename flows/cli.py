@@ -20,7 +20,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "evaluated model out.")
 tokenizer_app = typer.Typer(no_args_is_help=True, help="Train or inspect tokenizers.")
 classifier_app = typer.Typer(no_args_is_help=True, help="fastText quality classifier.")
+server_app = typer.Typer(no_args_is_help=True, help="A local Prefect server with smelt's deployments and a worker.")
 app.add_typer(tokenizer_app, name="tokenizer")
+app.add_typer(server_app, name="server")
 app.add_typer(classifier_app, name="quality-classifier")
 console = Console(stderr=True)
 
@@ -44,6 +46,18 @@ def _prefect_env() -> None:
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
     # The temporary local server can take well over the default 20 s to start on a busy 2-core machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def _reachable(dask_address: Optional[str] = None) -> None:
+    """First thing in every command that starts a flow (before its slow imports): the Prefect server named
+    by PREFECT_API_URL and the Dask scheduler answer, or the command ends in one sentence."""
+    from flows.local_server import check_api_url
+
+    check_api_url()
+    if dask_address:
+        from flows.dask_runtime import check_scheduler
+
+        check_scheduler(dask_address)
 
 
 def _config(path: Optional[Path], overrides: Optional[list[str]]):
@@ -89,6 +103,7 @@ def run(
     as_json: JsonOpt = False,
 ) -> None:
     """Crawl → ingest → dedup → tokenize → train → eval, reusing every finished stage."""
+    _reachable(dask_address)
     from flows.crawl_to_model import crawl_to_model
     from flows.summary import render_run_summary
 
@@ -144,6 +159,7 @@ def ingest(
     as_json: JsonOpt = False,
 ) -> None:
     """Extract, language-filter, quality-filter and PII-mask crawl records into documents."""
+    _reachable(dask_address)
     from flows.ingest import ingest_flow
 
     _stage_command(ingest_flow, "ingest", input, output, root, config, set_, as_json, dask_address=dask_address)
@@ -160,6 +176,7 @@ def ingest_code(
     as_json: JsonOpt = False,
 ) -> None:
     """Filter source code with The Stack / StarCoder-style rules into code documents."""
+    _reachable(dask_address)
     from flows.ingest import code_ingest_flow
 
     _stage_command(code_ingest_flow, "ingest_code", input, output, root, config, set_, as_json, dask_address=dask_address)
@@ -177,6 +194,7 @@ def dedup(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove exact and near-duplicate documents (MinHash LSH)."""
+    _reachable(dask_address)
     from flows.dedup import dedup_flow
 
     overrides = list(set_ or []) + ([f"dedup.threshold={threshold}"] if threshold is not None else [])
@@ -195,6 +213,7 @@ def tokenize(
     as_json: JsonOpt = False,
 ) -> None:
     """Encode documents into uint16/uint32 token shards with a held-out validation split."""
+    _reachable(dask_address)
     from flows.config import section
     from flows.tokens import tokenize_flow
 
@@ -214,6 +233,7 @@ def tokenizer_train(
     as_json: JsonOpt = False,
 ) -> None:
     """Train a byte-level BPE tokenizer on a sample of documents."""
+    _reachable()
     from flows.tokens import tokenizer_flow
 
     overrides = list(set_ or []) + ([f"tokenizer.vocab_size={vocab_size}"] if vocab_size else [])
@@ -233,6 +253,8 @@ def train(
     as_json: JsonOpt = False,
 ) -> None:
     """Launch torchrun to train (or resume) a model on token datasets."""
+    if not dry_run:
+        _reachable()
     from flows.config import section
     from flows.summary import render_train
     from flows.train import dry_run_report, train_flow
@@ -251,20 +273,53 @@ def train(
 @app.command("eval")
 def evaluate(
     checkpoint: Annotated[str, typer.Option("--checkpoint", help="A checkpoint step-NNNNNNNN URL or a run folder (its newest committed checkpoint).")],
-    data: Annotated[Optional[str], typer.Option("--data", "-d", help="Token dataset with a val split (default: the first, by name, of those the run trained on).")] = None,
-    root: RootOpt = "smelt-data",
+    data: Annotated[Optional[str], typer.Option("--data", "-d", help="Token dataset with a val split (default: every one the run trained on, scored per split).")] = None,
+    root: Annotated[Optional[str], typer.Option("--root", help="Where the result lands: <root>/eval/<fingerprint>/ (default: the run's root).")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Validation loss, perplexity and bits per byte of a checkpoint, plus probe completions."""
+    _reachable()
     from flows.config import section
     from flows.evaluation import eval_flow
     from flows.summary import render_eval
 
     cfg = _config(config, set_)
     result = eval_flow(checkpoint=checkpoint, data=data, root=root, config=section(cfg, "eval"))
+    if result.get("skipped"):
+        _emit(result, as_json, lambda r: console.print(f"eval skipped: {r['checkpoint']}: {r['reason']}"))
+        return
     _emit(result, as_json, lambda r: render_eval(r, _out()))
+
+
+@server_app.command("start")
+def server_start(
+    port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None,
+    state_dir: Annotated[Path, typer.Option(help="Where the pids, the API URL and the logs are kept.")] = Path(".smelt-server"),
+) -> None:
+    """Start a Prefect server on 127.0.0.1, the work pool, every deployment (prefect.yaml) and a process worker."""
+    from flows.local_server import ServerError, start
+
+    try:
+        info = start(state_dir, port=port)
+    except ServerError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    console.print(f"Prefect UI at {info.ui_url}; worker on pool smelt-process; logs in {info.state_dir}. "
+                  f"Point smelt and prefect at it with:")
+    print(f"export PREFECT_API_URL={info.api_url}")
+
+
+@server_app.command("stop")
+def server_stop(
+    state_dir: Annotated[Path, typer.Option(help="The folder `smelt server start` used.")] = Path(".smelt-server"),
+) -> None:
+    """Stop the worker and the server that `smelt server start` started."""
+    from flows.local_server import stop
+
+    info = stop(state_dir)
+    console.print(f"stopped the server at {info.ui_url} and its worker" if info else f"no server recorded in {state_dir}")
 
 
 @app.command()

@@ -103,7 +103,7 @@ def crawl_to_model(inputs: list[str] | None = None, code_inputs: list[str] | Non
         train_cfg["data"]["mixture"] = {name: cfg.mixture[name] for name in tokens}
     train = train_task.with_options(retries=cfg.launch.task_retries, retry_delay_seconds=5)(
         [f"{name}={t['url']}" for name, t in tokens.items()], root, train_cfg, section(cfg, "launch"))
-    evaluation = eval_task(train["checkpoint"], tokens["web"]["url"], root, section(cfg, "eval"))
+    evaluation = eval_task(train["checkpoint"], None, root, section(cfg, "eval"))  # every split
     stages += [train, evaluation]
 
     summary = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -20,11 +21,25 @@ ADDRESS_ENV = "SMELT_DASK_ADDRESS"
 log = logging.getLogger(__name__)
 
 
+def check_scheduler(address: str, timeout_s: float = 5.0) -> None:
+    """Fail at once, in one sentence, if nothing listens at a scheduler address (``tcp://host:port``)."""
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--dask-address {address!r} is not a scheduler address like tcp://host:8786")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        reason = "connection refused" if isinstance(e, ConnectionRefusedError) else (e.strerror or str(e) or "timed out")
+        raise ValueError(f"cannot reach the Dask scheduler at {address}: {reason}") from None
+
+
 @contextlib.contextmanager
 def dask_cluster(address: str | None = None, n_workers: int | None = None) -> Iterator[str]:
     """Yield a scheduler address: ``address``, ``$SMELT_DASK_ADDRESS``, or a new LocalCluster's."""
     address = address or os.environ.get(ADDRESS_ENV)
     if address:
+        check_scheduler(address)
         yield address
         return
     from distributed import LocalCluster

@@ -1,8 +1,12 @@
-"""Eval flow: score a checkpoint (by URL) on held-out tokens; each checkpoint is evaluated once.
+"""Eval flow: score a checkpoint (by URL) on every validation split; each checkpoint is evaluated once.
 
-The result is a dataset like any stage's (``<root>/eval/<fingerprint>/`` with a manifest), so
-re-evaluating the same checkpoint with the same config is a lookup. The flow publishes a table
-artifact and a loss plot; a deployment can run it on every ``smelt.checkpoint.committed`` event.
+The result is a dataset like any stage's (``<root>/eval/<fingerprint>/`` with a manifest) whose
+fingerprint covers the checkpoint itself (run, step, manifest checksums), the eval config and the
+scored data: re-evaluating the same checkpoint is a lookup, and evaluations of different
+checkpoints, even at once, never share a folder. The flow keeps a per-run table artifact of every
+evaluated checkpoint and a plot of validation loss against step beside the training curve; a
+deployment runs it on every ``smelt.checkpoint.committed`` event. A checkpoint that retention
+deleted before its eval ran is reported as skipped, not as a failure.
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ from flows.common import StageOutcome, artifact_key, planned_output
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.eval.config import EvalConfig
-from tasks.eval.evaluate import evaluate_checkpoint
-from tasks.eval.report import plot_losses, read_metrics
-from tasks.train.checkpoint import CHECKPOINTS_DIR
+from tasks.eval.evaluate import checkpoint_identity, evaluate_checkpoint, run_dir_of, step_of
+from tasks.eval.report import plot_losses, read_metrics, results_table, run_evaluations, validation_curves
 from tasks.train.export import resolve_checkpoint
 
 STAGE = "eval"
 REPORT = "report.json"
 PLOT = "loss.png"
+FIGURES = ("val_loss", "perplexity", "bits_per_byte")
 
 
 def _write_file(f, data: bytes) -> int:
@@ -34,58 +38,122 @@ def _write_file(f, data: bytes) -> int:
     return 1
 
 
-def _loss_plot(step_url: str, report: dict) -> bytes | None:
-    """The run's training loss curve with this checkpoint's validation loss, if the run logged metrics."""
-    run_dir = step_url.rsplit(f"/{CHECKPOINTS_DIR}/", 1)[0]
+def root_of(run_dir: str) -> str:
+    """``<root>/train/<fingerprint>`` → ``<root>``: where a run's evaluations belong."""
+    return run_dir.rsplit("/", 2)[0]
+
+
+def _skipped(checkpoint: str, reason: str) -> dict:
+    get_run_logger().warning(f"eval: skipped {checkpoint}: {reason}")
+    return {"stage": STAGE, "skipped": True, "reason": reason, "checkpoint": checkpoint,
+            "step": step_of(checkpoint), "reused": False}
+
+
+def _run_has_checkpoints(step_url: str) -> bool:
+    """True if the step's run folder still holds its checkpoints folder (so the step was there, not mistyped)."""
+    fs, path = datasets.filesystem(step_url.rstrip("/").rsplit("/", 1)[0])
+    return fs.isdir(path)
+
+
+def _data_sources(step_url: str, data: str | None) -> dict[str, str]:
+    """Split name → tokens URL: the given dataset (named as the run named it), else every one the run used."""
+    trained_on = {n: datasets.normalize_url(u) for n, u in datasets.read_manifest(step_url).meta["data"].items()}
+    if not data:
+        return trained_on
+    url = datasets.normalize_url(data)
+    return {next((n for n, u in trained_on.items() if u == url), "data"): url}
+
+
+def _with_run_results(root: str, run_dir: str, meta: dict) -> list[dict]:
+    """Every finished evaluation of the run's checkpoints, with this one (``meta``) in its place."""
+    return sorted([e for e in run_evaluations(root, run_dir) if e["step"] != meta["step"]] + [meta],
+                  key=lambda e: e["step"])
+
+
+def _loss_plot(run_dir: str, evaluations: list[dict]) -> bytes | None:
+    """Training loss against step with every split's validation loss beside it, if the run logged metrics."""
     metrics = read_metrics(run_dir)
     if not metrics:
         return None
-    return plot_losses(metrics, [(report["step"], report["val_loss"])], f"{run_dir.rsplit('/', 1)[-1]}: "
-                       f"val loss {report['val_loss']:.3f}, perplexity {report['perplexity']:.1f}")
+    latest = evaluations[-1]["total"]
+    return plot_losses(metrics, validation_curves(evaluations), f"{run_dir.rsplit('/', 1)[-1]}: val loss "
+                       f"{latest['val_loss']:.3f}, perplexity {latest['perplexity']:.1f} at step {evaluations[-1]['step']}")
 
 
 @task(name="eval", cache_policy=NO_CACHE, retries=1)
-def eval_task(checkpoint: str, data: str | None, root: str, config: dict) -> dict:
-    """Evaluate (or look up the evaluation of) one checkpoint; returns a StageOutcome dict + metrics."""
+def eval_task(checkpoint: str, data: str | None, root: str | None, config: dict) -> dict:
+    """Evaluate (or look up the evaluation of) one checkpoint; returns a StageOutcome dict + metrics,
+    or ``skipped`` with the reason when the checkpoint is gone."""
     logger = get_run_logger()
     cfg = from_dict(EvalConfig, config)
+    requested = datasets.normalize_url(checkpoint)
+    if step_of(requested) is not None and checkpoint_identity(requested) is None and _run_has_checkpoints(requested):
+        return _skipped(requested, "no committed checkpoint there any more: retention removed it "
+                                   "(it keeps the newest train.checkpoint.keep_last)")
     step_url = resolve_checkpoint(checkpoint)
-    ckpt = datasets.open_dataset(step_url, kind="checkpoint")
-    inputs = [ckpt.fingerprint] + ([datasets.open_dataset(data, kind="tokens").fingerprint] if data else [])
+    identity = checkpoint_identity(step_url)
+    if identity is None:
+        return _skipped(step_url, "the checkpoint was removed while its eval started")
+    run_dir = run_dir_of(step_url)
+    root = datasets.normalize_url(root) if root else root_of(run_dir)
+    sources = _data_sources(step_url, data)
+    inputs = [datasets.canonical_json(identity)] + [
+        f"{n}:{datasets.open_dataset(u, kind='tokens').fingerprint}" for n, u in sorted(sources.items())]
     url, fp = planned_output(root, STAGE, cfg, inputs, "tasks.eval")
-    manifest = datasets.read_manifest(url)
+    manifest, seconds = datasets.finished_dataset(url, fp), 0.0
     reused = manifest is not None
     if reused:
         logger.info(f"eval: reusing evaluation {url}")
     else:
-        report = evaluate_checkpoint(step_url, data, cfg)
-        shards = [datasets.write_shard(url, REPORT, functools.partial(_write_file, data=json.dumps(report, indent=2).encode()))]
-        plot = _loss_plot(step_url, report)
-        if plot is not None:
-            shards.append(datasets.write_shard(url, PLOT, functools.partial(_write_file, data=plot)))
-        manifest = datasets.commit(
-            url, kind="eval", fp=fp, shards=shards,
-            stats={k: report[k] for k in ("val_loss", "perplexity", "bits_per_byte", "tokens_scored", "bytes_scored")},
-            inputs=[ckpt], config=cfg, meta={"checkpoint": step_url, "step": report["step"], "probes": report["probes"]},
-        )
-        create_table_artifact(
-            key=artifact_key("smelt-eval"),
-            table=[{"checkpoint": step_url, "step": report["step"], **{k: manifest.stats[k] for k in
-                    ("val_loss", "perplexity", "bits_per_byte")}}],
-            description=f"evaluation of {step_url}",
-        )
-        if plot is not None:
-            create_link_artifact(key=artifact_key("smelt-eval-plot"), link=datasets.join(url, PLOT),
-                                 link_text=f"loss curve, step {report['step']}")
-        logger.info(f"eval: step {report['step']} val loss {report['val_loss']:.4f} "
-                    f"perplexity {report['perplexity']:.2f} bits/byte {report['bits_per_byte']:.3f}")
-    outcome = StageOutcome(STAGE, url, fp, manifest.kind, reused, 0.0 if reused else report["seconds"], int(manifest.stats["tokens_scored"]),
+        try:
+            manifest, seconds = _evaluate(step_url, identity, sources, root, url, fp, cfg)
+        except datasets.DatasetError:
+            # The same checkpoint evaluated at once elsewhere (the run's own eval and the triggered
+            # one) and committed first: its result is this one's.
+            manifest, reused = datasets.finished_dataset(url, fp), True
+            if manifest is None:
+                raise
+    outcome = StageOutcome(STAGE, url, fp, manifest.kind, reused, seconds, int(manifest.stats["tokens_scored"]),
                            dict(manifest.stats)).to_dict()
-    outcome.update(checkpoint=step_url, step=manifest.meta["step"], probes=manifest.meta["probes"])
+    outcome.update(checkpoint=step_url, run=run_dir, step=manifest.meta["step"], splits=manifest.meta["splits"],
+                   probes=manifest.meta["probes"])
     return outcome
 
 
+def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str, url: str, fp: str,
+              cfg: EvalConfig) -> tuple[datasets.Manifest, float]:
+    """Score the checkpoint, commit the eval dataset (report + plot), publish the run's table and plot."""
+    run_dir = run_dir_of(step_url)
+    report = evaluate_checkpoint(step_url, sources, cfg)
+    splits = {n: {k: s[k] for k in (*FIGURES, "tokens_scored", "bytes_scored", "weight", "data")}
+              for n, s in report["splits"].items()}
+    meta = {"checkpoint": step_url, "run": run_dir, "step": report["step"], "tokens": report["tokens"],
+            "identity": identity, "splits": splits, "total": {k: report[k] for k in FIGURES},
+            "probes": report["probes"]}
+    evaluations = _with_run_results(root, run_dir, meta)
+    shards = [datasets.write_shard(url, REPORT, functools.partial(_write_file, data=json.dumps(report, indent=2).encode()))]
+    plot = _loss_plot(run_dir, evaluations)
+    if plot is not None:
+        shards.append(datasets.write_shard(url, PLOT, functools.partial(_write_file, data=plot)))
+    stats = {k: report[k] for k in (*FIGURES, "tokens_scored", "bytes_scored")}
+    stats.update({f"{n}.{k}": s[k] for n, s in splits.items() for k in FIGURES})
+    manifest = datasets.commit(url, kind="eval", fp=fp, shards=shards, stats=stats,
+                               inputs=[datasets.read_manifest(step_url)], config=cfg, meta=meta)
+    run_name = run_dir.rsplit("/", 1)[-1]
+    create_table_artifact(key=artifact_key(f"smelt-evals-{run_name}"), table=results_table(evaluations),
+                          description=f"validation loss, perplexity and bits per byte of every evaluated "
+                                      f"checkpoint of {run_dir}")
+    if plot is not None:
+        create_link_artifact(key=artifact_key(f"smelt-eval-plot-{run_name}"), link=datasets.join(url, PLOT),
+                             link_text=f"loss curves up to step {report['step']}")
+    per_split = ", ".join(f"{n} {s['val_loss']:.4f}" for n, s in splits.items())
+    get_run_logger().info(f"eval: step {report['step']} val loss {report['val_loss']:.4f} ({per_split}) "
+                          f"perplexity {report['perplexity']:.2f} bits/byte {report['bits_per_byte']:.3f}")
+    return manifest, report["seconds"]
+
+
 @flow(name="eval")
-def eval_flow(checkpoint: str, data: str | None = None, root: str = "smelt-data", config: dict | None = None) -> dict:
-    """Evaluate a checkpoint URL (a step folder or a run folder's newest committed checkpoint)."""
+def eval_flow(checkpoint: str, data: str | None = None, root: str | None = None, config: dict | None = None) -> dict:
+    """Evaluate a checkpoint URL (a step folder or a run folder's newest committed checkpoint) on every
+    validation split of the run's data; results land under ``root`` (default: the run's own root)."""
     return eval_task(checkpoint, data, root, config or {})

@@ -30,6 +30,7 @@ from tasks.train.stragglers import REPORT as STRAGGLER_REPORT
 
 STAGE = "train"
 CHECKPOINT_EVENT = "smelt.checkpoint.committed"
+PUBLISHED = "published.json"  # steps whose commit was published
 
 
 def parse_data(data: list[str]) -> dict[str, str]:
@@ -48,17 +49,22 @@ def run_dir_for(data: dict[str, str], root: str, cfg: TrainConfig) -> tuple[str,
 
 
 class CheckpointPublisher:
-    """Publishes every newly committed checkpoint of a run once (artifact version + event)."""
+    """Publishes every newly committed checkpoint of a run once (artifact version + event).
 
-    def __init__(self, run_dir: str, run_name: str):
-        self.run_dir, self.run_name = run_dir, run_name
-        self.published: set[int] = set()
+    Published steps are recorded in ``<run_dir>/published.json``, so a task retry or a UI retry of
+    the flow run, which starts a new publisher on the same run folder, never republishes a commit.
+    """
+
+    def __init__(self, run_dir: str, run_name: str, root: str):
+        self.run_dir, self.run_name, self.root = run_dir, run_name, root
+        self.marker = datasets.join(run_dir, PUBLISHED)
+        fs, path = datasets.filesystem(self.marker)
+        self.published: set[int] = set(json.loads(fs.cat_file(path))) if fs.exists(path) else set()
 
     def poll(self) -> None:
         for ckpt in list_committed(self.run_dir, checksums=False):
             if ckpt["step"] in self.published:
                 continue
-            self.published.add(ckpt["step"])
             create_link_artifact(
                 key=artifact_key(f"smelt-checkpoint-{self.run_name}"),
                 link=ckpt["url"],
@@ -69,8 +75,12 @@ class CheckpointPublisher:
             emit_event(
                 event=CHECKPOINT_EVENT,
                 resource={"prefect.resource.id": f"smelt.run.{self.run_name}", "smelt.run_dir": self.run_dir},
-                payload={"url": ckpt["url"], "step": ckpt["step"], "loss": ckpt.get("loss"), "tokens": ckpt.get("tokens")},
+                payload={"url": ckpt["url"], "step": ckpt["step"], "root": self.root, "run_dir": self.run_dir,
+                         "loss": ckpt.get("loss"), "tokens": ckpt.get("tokens")},
             )
+            self.published.add(ckpt["step"])
+            with datasets.atomic_write(self.marker, "w") as f:
+                f.write(json.dumps(sorted(self.published)))
 
     def follow(self, stop: threading.Event, every_s: float = 2.0) -> None:
         while not stop.wait(every_s):
@@ -109,7 +119,7 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
         logger.info(f"train: reusing finished run {url}")
         return _outcome(url, finished, reused=True, seconds=0.0)
 
-    publisher = CheckpointPublisher(url, fp)
+    publisher = CheckpointPublisher(url, fp, datasets.normalize_url(root))
     stop = threading.Event()
     # The follower runs in a copy of this task's context so its artifacts and events belong to the task run.
     follower = threading.Thread(target=contextvars.copy_context().run, args=(publisher.follow, stop), daemon=True)

@@ -1,4 +1,4 @@
-"""Score a checkpoint on held-out tokens: loss, perplexity, bits per byte, plus probe completions.
+"""Score a checkpoint on held-out tokens: loss, perplexity, bits per byte per split, plus probes.
 
 Runs in one process without torch.distributed: the checkpoint is consolidated from whatever mesh
 trained it (``tasks/train/export.py``) into a plain state dict.
@@ -9,8 +9,11 @@ scored tokens divided by ``ln 2`` times the UTF-8 bytes those tokens decode to.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import math
+import re
 import time
 from dataclasses import asdict
 
@@ -18,7 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tasks import datasets
 from tasks.eval.config import EvalConfig
+from tasks.train.checkpoint import CHECKPOINTS_DIR, verify_checkpoint
 from tasks.train.config import ModelConfig
 from tasks.train.data import TokenStream
 from tasks.train.export import load_consolidated, resolve_checkpoint
@@ -76,33 +81,93 @@ def probe(model: Transformer, tokenizer, prompts: list[str], new_tokens: int) ->
     return out
 
 
-def evaluate_checkpoint(checkpoint_url: str, tokens_url: str | None, cfg: EvalConfig) -> dict:
-    """Validation loss, perplexity and bits per byte of a checkpoint on a tokens dataset's val split."""
-    from tasks.tokenize.tokenizer import load_tokenizer
+def checkpoint_identity(step_url: str) -> dict | None:
+    """What makes a checkpoint itself: its run folder, step, manifest fingerprint and every file's
+    recorded size and checksum. None if it is no longer committed (retention removed it)."""
+    step_url = datasets.normalize_url(step_url)
+    if verify_checkpoint(step_url, checksums=False):
+        return None
+    manifest = datasets.read_manifest(step_url)
+    files = datasets.canonical_json([dataclasses.asdict(s) for s in manifest.shards])
+    return {
+        "run": run_dir_of(step_url),
+        "step": manifest.meta["step"] if "step" in manifest.meta else step_of(step_url),
+        "fingerprint": manifest.fingerprint,
+        "files": hashlib.sha256(files.encode()).hexdigest(),
+    }
 
-    start = time.perf_counter()
-    step_url = resolve_checkpoint(checkpoint_url)
-    model, meta = load_model(step_url)
-    tokens_url = tokens_url or next(iter(meta["data"].values()))
-    seq_len = cfg.seq_len or meta["seq_len"]
+
+def run_dir_of(step_url: str) -> str:
+    """``<run>/checkpoints/step-NNNNNNNN`` → ``<run>``."""
+    return datasets.normalize_url(step_url).rsplit(f"/{CHECKPOINTS_DIR}/", 1)[0]
+
+
+def step_of(step_url: str) -> int | None:
+    """The step a ``step-NNNNNNNN`` URL names, or None for any other URL."""
+    match = re.search(rf"/{CHECKPOINTS_DIR}/step-(\d+)/?$", step_url)
+    return int(match.group(1)) if match else None
+
+
+def split_weights(names: list[str], mixture: dict[str, float]) -> dict[str, float]:
+    """Normalized weights of the scored splits: the run's training mixture, else equal shares."""
+    raw = {n: float(mixture.get(n, 0.0)) for n in names} if mixture and all(n in mixture for n in names) \
+        else {n: 1.0 for n in names}
+    total = sum(raw.values())
+    return {n: w / total for n, w in raw.items()}
+
+
+def _score_split(model: Transformer, tokens_url: str, tokenizer, seq_len: int, cfg: EvalConfig) -> dict:
     stream = TokenStream(tokens_url, cfg.split, seq_len, cache_dir=None)
     try:
         scored = score(model, stream, seq_len, cfg.batch_size, cfg.max_tokens)
-        tokenizer = load_tokenizer(tokens_url)
         n_bytes = scored_bytes(stream, tokenizer, scored["tokens"], seq_len)
     finally:
         stream.close()
     loss = scored["nll_sum"] / scored["tokens"]
     return {
-        "checkpoint": step_url,
-        "step": meta["step"],
         "data": tokens_url,
-        "split": cfg.split,
         "val_loss": loss,
         "perplexity": math.exp(loss),
         "bits_per_byte": scored["nll_sum"] / (math.log(2) * max(1, n_bytes)),
         "tokens_scored": scored["tokens"],
         "bytes_scored": n_bytes,
+    }
+
+
+def evaluate_checkpoint(checkpoint_url: str, data: dict[str, str] | None, cfg: EvalConfig) -> dict:
+    """Validation loss, perplexity and bits per byte of a checkpoint on every validation split.
+
+    ``data`` maps a split name to a tokens dataset (default: every dataset the run trained on, by
+    its name there). Each split is scored on its own; the top-level figures are their
+    mixture-weighted total (the run's training mixture, or equal weights).
+    """
+    from tasks.tokenize.tokenizer import load_tokenizer
+
+    start = time.perf_counter()
+    step_url = resolve_checkpoint(checkpoint_url)
+    model, meta = load_model(step_url)
+    data = dict(sorted((data or meta["data"]).items()))
+    seq_len = cfg.seq_len or meta["seq_len"]
+    tokenizer = load_tokenizer(next(iter(data.values())))
+    splits = {name: _score_split(model, url, tokenizer, seq_len, cfg) for name, url in data.items()}
+    train_cfg = (datasets.read_manifest(step_url).lineage.get("config") or {})
+    weights = split_weights(list(splits), (train_cfg.get("data") or {}).get("mixture") or {})
+    for name, result in splits.items():
+        result["weight"] = weights[name]
+    loss = sum(weights[n] * s["val_loss"] for n, s in splits.items())
+    return {
+        "checkpoint": step_url,
+        "run": run_dir_of(step_url),
+        "step": meta["step"],
+        "tokens": meta.get("tokens"),
+        "data": data,
+        "split": cfg.split,
+        "val_loss": loss,
+        "perplexity": math.exp(loss),
+        "bits_per_byte": sum(weights[n] * s["bits_per_byte"] for n, s in splits.items()),
+        "tokens_scored": sum(s["tokens_scored"] for s in splits.values()),
+        "bytes_scored": sum(s["bytes_scored"] for s in splits.values()),
+        "splits": splits,
         "probes": probe(model, tokenizer, cfg.probe_prompts, cfg.probe_tokens),
         "seconds": round(time.perf_counter() - start, 2),
         "config": asdict(cfg),

@@ -1,4 +1,5 @@
-"""A picture of a run: training loss per step with the evaluated checkpoints' validation loss."""
+"""A run across its checkpoints: training loss per step, and every evaluated checkpoint's
+validation loss (per split and in total) as a table and a plot."""
 
 from __future__ import annotations
 
@@ -13,8 +14,48 @@ def read_metrics(run_dir: str) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def plot_losses(metrics: list[dict], evaluations: list[tuple[int, float]], title: str) -> bytes:
-    """PNG bytes: train loss against step, and validation loss at each evaluated step."""
+def run_evaluations(root: str, run_dir: str) -> list[dict]:
+    """Meta of every finished evaluation under ``<root>/eval`` of a checkpoint of ``run_dir``, by step
+    (for a step evaluated under several eval configs, the newest)."""
+    fs, path = datasets.filesystem(datasets.join(datasets.normalize_url(root), "eval"))
+    run_dir = datasets.normalize_url(run_dir)
+    by_step: dict[int, tuple[str, dict]] = {}
+    for manifest_path in fs.glob(f"{path}/*/{datasets.MANIFEST}"):
+        manifest = datasets.Manifest.from_json(fs.cat_file(manifest_path).decode())
+        if manifest.kind != "eval" or manifest.meta.get("run") != run_dir:
+            continue
+        created = manifest.lineage.get("created_at", "")
+        step = manifest.meta["step"]
+        if step not in by_step or by_step[step][0] <= created:
+            by_step[step] = (created, manifest.meta)
+    return [by_step[s][1] for s in sorted(by_step)]
+
+
+def results_table(evaluations: list[dict]) -> list[dict]:
+    """One row per evaluated checkpoint: step, trained tokens, then loss, perplexity and bits per byte
+    of every split and of the mixture-weighted total."""
+    rows = []
+    for ev in evaluations:
+        row = {"step": ev["step"], "tokens": ev.get("tokens")}
+        for name, figures in [*sorted(ev["splits"].items()), ("total", ev["total"])]:
+            row[f"{name} val loss"] = round(figures["val_loss"], 4)
+            row[f"{name} perplexity"] = round(figures["perplexity"], 2)
+            row[f"{name} bits/byte"] = round(figures["bits_per_byte"], 4)
+        rows.append(row)
+    return rows
+
+
+def validation_curves(evaluations: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """Split name (and ``total``) → [(step, validation loss)], by step."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for ev in evaluations:
+        for name, figures in [*sorted(ev["splits"].items()), ("total", ev["total"])]:
+            curves.setdefault(name, []).append((ev["step"], figures["val_loss"]))
+    return curves
+
+
+def plot_losses(metrics: list[dict], evaluations: dict[str, list[tuple[int, float]]], title: str) -> bytes:
+    """PNG bytes: train loss against step, and beside it each split's validation loss against step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,8 +63,9 @@ def plot_losses(metrics: list[dict], evaluations: list[tuple[int, float]], title
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.plot([m["step"] for m in metrics], [m["loss"] for m in metrics], label="train loss", lw=1.5)
-    if evaluations:
-        ax.scatter(*zip(*evaluations), color="crimson", zorder=3, label="validation loss")
+    for name, points in evaluations.items():
+        ax.plot(*zip(*points), marker="o", zorder=3, lw=1.2, ls="-" if name == "total" else "--",
+                label=f"validation loss ({name})")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(title, fontsize=10)

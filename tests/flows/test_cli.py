@@ -58,3 +58,37 @@ def test_train_dry_run_prints_layout_without_training(tmp_path):
     report = json.loads(result.stdout)
     assert report["world_size"] == 2 and "tp=2" in report["layout"]
     assert not (tmp_path / "smelt-data").exists()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fails_fast(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+    import time
+
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **(env or {})})
+    assert time.monotonic() - start < 10, f"took {time.monotonic() - start:.1f} s"
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().count("\n") <= 2, result.stderr
+    return result
+
+
+def test_a_refused_dask_address_is_one_sentence_within_10_s(tmp_path):
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    result = _fails_fast(["run", "--dask-address", address, "--root", str(tmp_path)])
+    assert "Dask scheduler" in result.stderr and "refused" in result.stderr
+    assert not (tmp_path / "sample").exists()
+
+
+def test_an_unreachable_prefect_api_url_is_one_sentence_within_10_s(tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}/api"
+    result = _fails_fast(["eval", "--checkpoint", str(tmp_path)], env={"PREFECT_API_URL": url})
+    assert "PREFECT_API_URL" in result.stderr and url in result.stderr.replace("\n", "")

@@ -16,5 +16,5 @@ def test_a_run_without_metrics_has_none(tmp_path):
 
 
 def test_plot_is_a_png():
-    png = plot_losses([{"step": s, "loss": 5 - 0.1 * s} for s in range(1, 20)], [(19, 3.2)], "run")
+    png = plot_losses([{"step": s, "loss": 5 - 0.1 * s} for s in range(1, 20)], {"web": [(10, 3.6), (19, 3.2)], "total": [(10, 3.5), (19, 3.1)]}, "run")
     assert png.startswith(b"\x89PNG") and len(png) > 5000

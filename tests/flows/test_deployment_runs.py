@@ -1,0 +1,214 @@
+"""Deployment runs on a real `prefect server start` and process worker (what `smelt server start` gives a user):
+`prefect deploy --all`, crawl-to-model with the default LocalCluster, a failed run retried the way the UI's
+Retry button does it, and the eval deployment run once per committed checkpoint under the run's root.
+
+One server and worker serve the whole module; every wait is bounded. The runs share one root, so the data
+stages are computed once; training is tiny (one rank, 8 steps, a checkpoint every 4).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from flows import local_server
+from tasks import datasets
+
+pytestmark = pytest.mark.slow
+
+TRAIN = ["train.steps=8", "train.checkpoint.interval_steps=4", "train.checkpoint.keep_last=10", "train.log_every=4",
+         "launch.nproc=1", "launch.task_retries=0", "launch.max_restarts=0"]
+FAULT = "train.faults.inject=kill:rank=0,step=6"  # after the step-4 checkpoint committed
+DATA_STAGES = {"ingest[web]", "dedup[web]", "ingest_code[code]", "dedup[code]", "tokenizer", "tokenize[web]",
+               "tokenize[code]"}
+RUN_TIMEOUT_S = 900
+
+
+class Api:
+    def __init__(self, url: str):
+        self.url = url
+
+    def call(self, method: str, path: str, body: dict | None = None):
+        request = urllib.request.Request(f"{self.url}{path}", method=method,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read()
+        return json.loads(text) if text else None
+
+    def state(self, run_id: str) -> str:
+        return self.call("GET", f"/flow_runs/{run_id}")["state_type"]
+
+    def wait(self, run_id: str, until: set[str], timeout_s: float = RUN_TIMEOUT_S) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = self.state(run_id)
+            if state in until:
+                return state
+            if state in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}:
+                return state
+            time.sleep(2)
+        raise AssertionError(f"flow run {run_id} still {self.state(run_id)} after {timeout_s} s")
+
+    def summary(self, run_id: str) -> list[dict]:
+        """The newest smelt-run-summary table artifact of a flow run."""
+        artifacts = self.call("POST", "/artifacts/filter", {
+            "artifacts": {"flow_run_id": {"any_": [run_id]}, "key": {"any_": ["smelt-run-summary"]}},
+            "sort": "CREATED_DESC", "limit": 1})
+        data = artifacts[0]["data"]
+        return json.loads(data) if isinstance(data, str) else data
+
+    def runs_of(self, deployment: str) -> list[dict]:
+        dep = self.call("GET", f"/deployments/name/{deployment}")
+        return self.call("POST", "/flow_runs/filter", {"deployments": {"id": {"any_": [dep["id"]]}}})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-home")
+    saved = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL")}
+    os.environ["PREFECT_HOME"] = str(home)
+    os.environ.pop("PREFECT_API_URL", None)
+    state_dir = tmp_path_factory.mktemp("server-state")
+    start = time.perf_counter()
+    try:
+        info = local_server.start(state_dir, timeout_s=240)
+        print(f"\nserver + pool + deploy --all + worker: {time.perf_counter() - start:.1f} s")
+        yield info, Api(info.api_url), {**os.environ, "PREFECT_API_URL": info.api_url}
+    finally:
+        local_server.stop(state_dir)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def deployment_run(env: dict, name: str, params: dict) -> str:
+    """`prefect deployment run` as a user types it; the new flow run's id."""
+    out = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", name, "--params", json.dumps(params)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    return next(line.split()[-1] for line in out.stdout.splitlines() if "UUID" in line)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> str:
+    return datasets.normalize_url(str(tmp_path_factory.mktemp("smelt-root")))
+
+
+@pytest.fixture(scope="module")
+def first_run(server, root):
+    _, api, env = server
+    start = time.perf_counter()
+    run_id = deployment_run(env, "crawl-to-model/crawl-to-model", {"root": root, "overrides": TRAIN})
+    state = api.wait(run_id, {"COMPLETED"})
+    seconds = time.perf_counter() - start
+    print(f"\ncrawl-to-model deployment run → {state}: {seconds:.1f} s")
+    return run_id, state
+
+
+@pytest.fixture(scope="module")
+def retried_run(server, root, first_run):
+    _, api, env = server
+    run_id = deployment_run(env, "crawl-to-model/crawl-to-model", {"root": root, "overrides": [*TRAIN, FAULT]})
+    failed = api.wait(run_id, {"FAILED"})
+    # What the UI's Retry button does (DESIGN §8): the same flow run, set to AwaitingRetry.
+    api.call("POST", f"/flow_runs/{run_id}/set_state",
+             {"state": {"type": "SCHEDULED", "name": "AwaitingRetry"}, "force": True})
+    start = time.perf_counter()
+    state = api.wait(run_id, {"COMPLETED"})
+    print(f"\nUI retry → {state}: {time.perf_counter() - start:.1f} s")
+    return run_id, failed, state
+
+
+def run_dirs(root: str) -> list[Path]:
+    return sorted(p.parent for p in Path(datasets.filesystem(root)[1], "train").glob("*/manifest.json"))
+
+
+def test_crawl_to_model_deployment_with_default_dask_completes(first_run, server):
+    run_id, state = first_run
+    assert state == "COMPLETED"
+    stages = {row["stage"]: row for row in server[1].summary(run_id)}
+    assert DATA_STAGES | {"train", "eval"} == set(stages)
+    assert not any(stages[s]["reused"] for s in DATA_STAGES)
+
+
+def test_a_failed_run_retried_from_the_ui_reuses_the_data_and_resumes_training(retried_run, server, root):
+    run_id, failed, state = retried_run
+    assert (failed, state) == ("FAILED", "COMPLETED")
+    stages = {row["stage"]: row for row in server[1].summary(run_id)}
+    assert all(stages[s]["reused"] for s in DATA_STAGES) and not stages["train"]["reused"]
+    run_dir = Path(datasets.filesystem(stages["train"]["url"])[1])
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == 4
+    assert list((run_dir / "faults").iterdir()), "the fault fired in the first attempt"
+
+
+def test_eval_deployment_runs_once_per_committed_checkpoint_under_the_runs_root(retried_run, server, root):
+    _, api, _ = server
+    committed = {}
+    for run_dir in run_dirs(root):
+        for step in (4, 8):
+            committed[datasets.normalize_url(str(run_dir / "checkpoints" / f"step-{step:08d}"))] = step
+        assert sorted(json.loads((run_dir / "published.json").read_text())) == [4, 8]
+    assert len(committed) == 4
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        runs = api.runs_of("eval/eval")
+        if len(runs) >= len(committed) and all(r["state_type"] in {"COMPLETED", "FAILED", "CRASHED"} for r in runs):
+            break
+        time.sleep(2)
+    time.sleep(5)  # a republished commit would have been triggered by now
+    runs = api.runs_of("eval/eval")
+    assert sorted(r["parameters"]["checkpoint"] for r in runs) == sorted(committed)
+    assert {r["state_type"] for r in runs} == {"COMPLETED"}
+    assert {r["parameters"]["root"] for r in runs} == {root}
+    evals = [json.loads(p.read_text()) for p in Path(datasets.filesystem(root)[1], "eval").glob("*/manifest.json")]
+    assert sorted(e["meta"]["checkpoint"] for e in evals) == sorted(committed)
+    for e in evals:
+        assert e["meta"]["step"] == committed[e["meta"]["checkpoint"]]
+        assert set(e["meta"]["splits"]) == {"web", "code"}
+    by_run = {}
+    for e in evals:
+        by_run.setdefault(e["meta"]["run"], {})[e["meta"]["step"]] = e["stats"]["val_loss"]
+    for losses in by_run.values():
+        assert losses[4] != losses[8]
+
+
+def smelt(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_smelt_eval_of_two_checkpoints_gives_two_results_and_training_settings_change_identity(
+        retried_run, server, root):
+    _, _, env = server
+    results = {}
+    for run_dir in run_dirs(root):
+        for step in (4, 8):
+            out = smelt(env, "eval", "--checkpoint", str(run_dir / "checkpoints" / f"step-{step:08d}"), "--json")
+            assert out.returncode == 0, out.stderr
+            results[(run_dir.name, step)] = json.loads(out.stdout)
+    (first, second) = sorted({run for run, _ in results})
+    assert results[(first, 4)]["fingerprint"] != results[(first, 8)]["fingerprint"]
+    assert results[(first, 4)]["stats"]["val_loss"] != results[(first, 8)]["stats"]["val_loss"]
+    assert (results[(first, 4)]["step"], results[(first, 8)]["step"]) == (4, 8)
+    # The two runs differ only in a training setting (the fault); their step-4 evals are not the same result.
+    assert results[(first, 4)]["fingerprint"] != results[(second, 4)]["fingerprint"]
+
+
+def test_eval_of_a_checkpoint_retention_removed_is_skipped_with_the_reason(retried_run, server, root):
+    _, _, env = server
+    run_dir = run_dirs(root)[0]
+    step = run_dir / "checkpoints" / "step-00000004"
+    (step / "manifest.json").unlink()  # as retention does: uncommit, then delete
+    subprocess.run(["rm", "-rf", str(step)], check=True)
+    out = smelt(env, "eval", "--checkpoint", str(step), "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["skipped"] and "retention" in result["reason"]
