@@ -103,6 +103,7 @@ class ModelShape:
     cfg: ModelConfig
     seq_len: int
     splits: dict = field(default_factory=dict, compare=False, repr=False)  # split_stages cache
+    gelu_mlp: bool = False  # a GPT/MPT two-matrix MLP counted as the equal-FLOPs SwiGLU (infra/models.py)
 
     @cached_property
     def layer_params(self) -> int:

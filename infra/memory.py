@@ -123,11 +123,14 @@ def layer_activation_bytes(shape: ModelShape, tp: int, activation_checkpoint: st
         # torchtitan's op-level policy keeps every other matmul output (q, v, w1, w2) and attention's:
         # block input, q, attention output, w2 output; v; w1 output
         return (8 * h + 2 * kv + 2 * f) / tp
+    # SwiGLU keeps w1 and w3 outputs, SiLU output and product (8f; the matmul outputs alone 4f); a GELU MLP of
+    # width F = 3f/2 keeps its fc1 output and GELU output (4F = 6f; the matmul output alone 3f)
+    mlp, mlp_matmuls = (6 * f, 3 * f) if shape.gelu_mlp else (8 * f, 4 * f)
     if activation_checkpoint == "none":
-        return 4 * h + (8 * h + 4 * kv + 8 * f) / tp
+        return 4 * h + (8 * h + 4 * kv + mlp) / tp
     if activation_checkpoint == "selective":
         collectives = 4 * h + 4 * h / tp if tp > 1 else 0.0
-        return 4 * h + collectives + (6 * h + 4 * kv + 4 * f) / tp
+        return 4 * h + collectives + (6 * h + 4 * kv + mlp_matmuls) / tp
     if activation_checkpoint == "full":
         return 2 * h / tp
     raise ValueError(f"activation_checkpoint must be one of {', '.join(AC_MODES)}, got {activation_checkpoint!r}")

@@ -115,6 +115,11 @@ class Run:
     search: tuple[str, ...] = ()  # unpublished inputs the planner picks: mb, vp, ac
     tp_overlap: bool | None = None  # None: the stack's default
     fp8_all_gather: bool = False  # FSDP all-gathers FP8 weights (torchao enable_fsdp_float8_all_gather)
+
+    @property
+    def gelu_mlp(self) -> bool:
+        """GPT and MPT blocks (``_gpt``) have a GELU MLP, counted as a SwiGLU of 8h/3 but with its saves."""
+        return self.model.startswith(("GPT", "MPT"))
     fits: str | None = None  # the FITTED constant this row determines
 
     def published_tokens_per_gpu(self) -> float:
@@ -291,7 +296,7 @@ def _layouts(run: Run, shape: ModelShape) -> list[Layout]:
 def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
     """Predicted tokens/s per GPU and peak memory for ``run`` with the given constants."""
     stack = STACKS[run.stack]
-    shape = ModelShape(run.cfg, run.seq_len)
+    shape = ModelShape(run.cfg, run.seq_len, gelu_mlp=run.gelu_mlp)
     device = lookup_gpu(run.gpu)
     relative = constants["a100"] if device.name.startswith("a100") else constants.get(device.name, 1.0)
     overlap = stack.tp_overlap if run.tp_overlap is None else run.tp_overlap

@@ -107,3 +107,11 @@ def test_interleaving_counts_the_layers_of_each_virtual_stage_in_flight():
                   virtual_stages=8, balanced_stages=True)
     assert inflight_microbatches(meta, 32, (0, 1, 1, 1, 1, 1, 1, 1)) == 16
     assert inflight_microbatches(meta, 32) == pytest.approx(16 * (1 + 15 / 128))  # uniform stages
+
+
+def test_a_gelu_mlp_keeps_its_two_outputs_instead_of_swiglus_four():
+    cfg = ModelConfig(dim=1024, n_layers=4, n_heads=8, n_kv_heads=8, ffn_hidden=8 * round(1024 / 3), vocab_size=8192)
+    swiglu, gelu = ModelShape(cfg, 512), ModelShape(cfg, 512, gelu_mlp=True)
+    f = cfg.ffn_hidden
+    assert layer_activation_bytes(swiglu, 1, "none") - layer_activation_bytes(gelu, 1, "none") == 2 * f
+    assert layer_activation_bytes(swiglu, 1, "selective") - layer_activation_bytes(gelu, 1, "selective") == f
