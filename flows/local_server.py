@@ -118,6 +118,8 @@ def start(state_dir: Path = STATE_DIR, port: int | None = None, deploy: bool = T
     running = read_state(state_dir)
     if running and api_reachable(running.api_url):
         return running
+    if running:  # a server that died: end whatever of its worker is left before starting afresh
+        stop(state_dir)
     port = port or free_port()
     api_url = f"http://{HOST}:{port}/api"
     server_log = state_dir / "server.log"
