@@ -246,7 +246,7 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
     t.add_row("tensor parallel (in node, + sequence parallel)", str(L.tp))
     if L.cp > 1:
         t.add_row("context parallel (ring attention)", f"{L.cp} (seq {i.seq_len:,} → {i.seq_len // L.cp:,} per rank)")
-    t.add_row("precision", i.precision + (" (linear GEMMs in FP8)" if L.precision == "fp8" else ""))
+    t.add_row("precision", L.precision + (" (linear GEMMs in FP8)" if L.precision == "fp8" else ""))
     t.add_row("pipeline stages / schedule", f"{L.pp} / {L.pp_schedule}"
               + (f" ({L.virtual_stages} virtual)" if L.virtual_stages > 1 else ""))
     t.add_row("data parallel: shard × replicate", f"{L.dp_shard} × {L.dp_replicate}")

@@ -17,9 +17,9 @@ from infra.catalogue import CATALOGUE, GPU
 from infra.layout import AC_MODES, PRECISIONS, TRAINER_SCHEDULES, Layout, ModelShape, Rejection, check_shape, \
     trainer_gaps
 from infra.memory import GB, MemoryAssumptions, MemoryBreakdown, memory_per_rank
+from infra.models import model_config
 from infra.reliability import FailureAssumptions, Reliability, plan_reliability
 from infra.timing import PART_LABELS, StepTime, TimingAssumptions, step_time
-from infra.models import model_config
 from tasks.train.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -322,11 +322,10 @@ def to_dict(result: Plan, rows: list[SensitivityRow] | None = None) -> dict:
         "goodput": round(best.reliability.goodput, 4) if best else None,
         "reasons": result.reasons(),
         "tokens_per_s_per_gpu": round(best.step.tokens_per_s / best.layout.world, 1) if best else None,
-        "step_s": round(best.step.total, 3) if best else None,
         "mfu_basis": f"model FLOPs (6N + 12·L·H·Q·T) over the dense bf16 peak, {i.gpu.peak_tflops:g} TFLOP/s per "
                      f"{i.gpu.label}, FP8 runs included",
         "peak_memory_gb": round(best.memory.total / GB, 2) if best else None,
-        "precision": i.precision,
+        "precision": best.layout.precision if best else i.precision,
         "layout_given": result.given,
         "trainer_cannot_run": trainer_gaps(best.layout) if best else [],
         "inputs": {"model": i.model, "tokens": i.tokens, "gpus": i.gpus, "gpu": i.gpu.name, "days": i.days,
