@@ -91,7 +91,7 @@ def document_batches(plan: DedupPlan, shard: int, columns: list[str] | None, bat
 
 def read_documents(plan: DedupPlan, shard: int, columns: list[str]):
     """The given columns of one verified input shard as a table (small columns only: ids, scores)."""
-    return datasets.read_parquet(plan.shard_urls[shard], plan.shard_infos[shard], columns)
+    return datasets.open_parquet(plan.shard_urls[shard], plan.shard_infos[shard]).read(columns=columns)
 
 
 def write_npy(dataset_url: str, name: str, array: np.ndarray) -> ShardInfo:
