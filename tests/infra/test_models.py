@@ -22,7 +22,7 @@ def test_model_set_overrides_fields_and_defaults_to_plain_multi_head_attention()
 def test_llama_and_gpt_style_configs_map_onto_the_llama_block(tmp_path):
     llama = {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
              "intermediate_size": 28672, "vocab_size": 128256, "hidden_act": "silu"}
-    assert from_hf_config(llama) == PRESETS["70b"].__class__(**{**PRESETS["70b"].__dict__, "max_seq_len": 8192})
+    assert from_hf_config(llama) == PRESETS["70b"]
     gpt2 = {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "tie_word_embeddings": True}
     cfg = from_hf_config(gpt2)  # GELU MLP of 4h → SwiGLU of the same FLOPs: 2/3 × 4h
     assert (cfg.dim, cfg.n_layers, cfg.n_kv_heads, cfg.ffn_hidden, cfg.tie_embeddings) == (768, 12, 12, 2048, True)

@@ -1,5 +1,7 @@
 """The planner against published runs (infra/validation.py): the error bound, the fit, FP8 and CP."""
 
+import dataclasses
+
 import pytest
 
 from infra.catalogue import CATALOGUE
@@ -81,5 +83,4 @@ def test_every_stack_names_its_memory_accounting():
 
 
 def _with(run, **changes):
-    import dataclasses
     return dataclasses.replace(run, key=run.key + "-variant", fits=None, **changes)
