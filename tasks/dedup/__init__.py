@@ -3,10 +3,14 @@
 Entry points: ``stage.run_dedup`` (the stage), ``inputs.load_dedup_inputs`` (datasets or raw
 JSONL/Parquet files in), ``config.DedupConfig`` (every threshold and size).
 
-Modules, in pipeline order: normalize (words) → exact (128-bit key) → minhash (shingle hashes,
-signatures equal to datasketch's) → lsh (bands × rows, band keys) → shuffle (hash-partitioned
-files) → candidates (pairs per bucket) → verify (exact or estimated Jaccard) → cluster
-(union-find, survivors) → stage (the four phases) ; store reads per-shard arrays by row.
+Phases, one module each, wired by stage.py over the plan (plan.py): signatures (normalise, exact
+key, shingle hashes, MinHash signatures, shuffle records) → pairs (per shuffle bucket: exact edges,
+verified near-duplicate candidates) → clusters (connected components, survivors, drop lists) →
+removal (each input shard minus its drops). What they use: normalize (words, as bytes and NumPy
+ranges), exact (128-bit key), minhash (vectorised shingle hashes, signatures equal to
+datasketch's), lsh (bands × rows, band keys), shuffle (hash-partitioned files), candidates (pairs
+per bucket), verify (exact or estimated Jaccard), components (union-find, survivors), store
+(per-shard arrays read by row).
 
 At 10⁹ documents (~300 words each, 128 permutations, 18 bands, the defaults):
 - signatures: 512 B per document on disk, 512 GB in all, written and read per shard;
