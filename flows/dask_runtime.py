@@ -14,6 +14,8 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
+from tasks.parallel import ClientMap
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -70,19 +72,12 @@ class DaskMap:
         self.log_fn = log_fn or log.info
 
     def __call__(self, fn: Callable[[T], R], items: Sequence[T], *, label: str = "") -> list[R]:
-        from distributed import Client, as_completed
+        from distributed import Client
 
         if not items:
             return []
         with Client(self.address, timeout="30s") as client:
-            futures = client.map(fn, list(items), retries=self.retries, pure=False)
-            index = {f.key: i for i, f in enumerate(futures)}
-            results: list = [None] * len(futures)
-            for done, future in enumerate(as_completed(futures), 1):
-                results[index[future.key]] = future.result()
-                if done == len(futures) or done % max(1, len(futures) // 10) == 0:
-                    self.log_fn(f"{label or getattr(fn, '__name__', 'map')}: {done}/{len(futures)} work items done")
-            return results
+            return ClientMap(client, self.retries, self.log_fn)(fn, items, label=label)
 
 
 @contextlib.contextmanager
