@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import types
 import typing
@@ -72,16 +73,30 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"config key {key!r} must be true or false, got {value!r}")
         return value
     if hint in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):  # true is not 1
+            raise ConfigError(f"config key {key!r} must be a number, got {value!r}")
         try:
             number = float(value) if hint is float else int(float(value)) if isinstance(value, str) else value
-        except ValueError:
+        except (ValueError, OverflowError):
             raise ConfigError(f"config key {key!r} must be a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"config key {key!r} must be a finite number, got {value!r}")
         if hint is int and (isinstance(value, float) and not float(value).is_integer()):
             raise ConfigError(f"config key {key!r} must be an integer, got {value!r}")
         return hint(number)
     if hint is str:
+        if isinstance(value, (list, tuple, dict)):
+            raise ConfigError(f"config key {key!r} must be a string, got {value!r}")
         return str(value)
     return value
+
+
+def check_at_least(section: str, config: Any, minimum: float, *names: str) -> None:
+    """Raise one sentence for the first of ``names`` below ``minimum`` (for ``__post_init__`` checks)."""
+    for name in names:
+        value = getattr(config, name)
+        if not value >= minimum:  # also catches NaN from direct construction
+            raise ValueError(f"{section}.{name} must be at least {minimum}, got {value!r}")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from tasks.config import check_at_least
+
 
 @dataclass
 class HarnessConfig:
@@ -27,4 +29,10 @@ class EvalConfig:
         "This function returns",
     ])
     probe_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.split:
+            raise ValueError("eval.split must name a split of the tokens dataset, e.g. 'val'")
+        check_at_least("eval", self, 0, "seq_len", "probe_tokens")
+        check_at_least("eval", self, 1, "batch_size", "max_tokens")
     harness: HarnessConfig = field(default_factory=HarnessConfig)

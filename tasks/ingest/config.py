@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from tasks.config import check_at_least
+
 
 def _check_fraction(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
@@ -67,6 +69,11 @@ class GopherQualityConfig:
     def __post_init__(self) -> None:
         for name in ("max_bullet_lines_frac", "max_ellipsis_lines_frac", "min_alpha_words_frac"):
             _check_fraction(f"gopher_quality.{name}", getattr(self, name))
+        check_at_least("gopher_quality", self, 0, "min_words", "max_words", "min_mean_word_length",
+                       "max_mean_word_length", "max_symbol_word_ratio", "min_stop_words")
+        if self.min_words > self.max_words or self.min_mean_word_length > self.max_mean_word_length:
+            raise ValueError("gopher_quality minimums must not exceed their maximums (min_words ≤ max_words, "
+                             "min_mean_word_length ≤ max_mean_word_length)")
 
 
 def _default_top_ngrams() -> dict[int, float]:
@@ -129,6 +136,9 @@ class C4Config:
         ]
     )
 
+    def __post_init__(self) -> None:
+        check_at_least("c4", self, 0, "min_words_per_line", "max_word_length", "min_sentences")
+
 
 @dataclasses.dataclass
 class FineWebConfig:
@@ -149,6 +159,7 @@ class FineWebConfig:
     def __post_init__(self) -> None:
         for name in ("min_line_punct_frac", "max_short_line_frac", "max_dup_line_char_frac"):
             _check_fraction(f"fineweb.{name}", getattr(self, name))
+        check_at_least("fineweb", self, 0, "short_line_length", "max_newline_word_ratio")
 
 
 @dataclasses.dataclass
@@ -218,6 +229,11 @@ class ClassifierConfig:
 
     def __post_init__(self) -> None:
         _check_fraction("classifier.threshold", self.threshold)
+        check_at_least("classifier", self, 1, "batch_size", "max_chars", "epoch", "word_ngrams", "dim",
+                       "min_count", "bucket", "threads")
+        check_at_least("classifier", self, 0, "max_docs_per_class")
+        if not self.lr > 0:
+            raise ValueError(f"classifier.lr must be positive, got {self.lr}")
         if not 0.0 < self.valid_fraction < 1.0:
             raise ValueError(f"classifier.valid_fraction must be between 0 and 1 (exclusive), got {self.valid_fraction}")
         if self.positive_label == self.negative_label:
@@ -250,6 +266,9 @@ class ReaderConfig:
     # A damaged page is kept with its undecodable bytes replaced when they are at most this share of
     # its characters; more means the charset is wrong (then detected) or the payload is not text.
     max_replacement_frac: float = 0.01
+    # Remote inputs (http/s3): a server that does not connect or goes silent this long is an error naming the URL.
+    connect_timeout_s: float = 30.0
+    read_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         formats = ("auto", "warc", "wet", "jsonl", "parquet")
@@ -257,6 +276,8 @@ class ReaderConfig:
             raise ValueError(f"reader.format must be one of {', '.join(formats)}, got {self.format!r}")
         if self.max_payload_bytes < 1 or self.charset_detection_bytes < 1:
             raise ValueError("reader.max_payload_bytes and reader.charset_detection_bytes must be positive")
+        if not (self.connect_timeout_s > 0 and self.read_timeout_s > 0):
+            raise ValueError("reader.connect_timeout_s and reader.read_timeout_s must be positive (seconds)")
         _check_fraction("reader.max_replacement_frac", self.max_replacement_frac)
 
 
