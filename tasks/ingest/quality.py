@@ -130,21 +130,16 @@ class GopherRepetitionFilter(ProseFilter):
             return True  # nothing repeats; emptiness is the quality rules' business
         n_chars = len(text)
 
-        # repeated paragraphs: by count and by characters
-        paragraphs = split_paragraphs(text)
-        dup_count, dup_chars = duplicates(paragraphs)
-        if dup_count / len(paragraphs) > cfg.max_dup_para_frac:
-            return False, "gopher_dup_para_frac"
-        if dup_chars / n_chars > cfg.max_dup_para_char_frac:
-            return False, "gopher_dup_para_char_frac"
-
-        # repeated lines: by count and by characters
-        lines = non_empty_lines(text)
-        dup_count, dup_chars = duplicates(lines)
-        if dup_count / len(lines) > cfg.max_dup_line_frac:
-            return False, "gopher_dup_line_frac"
-        if dup_chars / n_chars > cfg.max_dup_line_char_frac:
-            return False, "gopher_dup_line_char_frac"
+        # repeated paragraphs, then repeated lines: by count and by characters
+        for split, max_frac, max_char_frac, reason in (
+            (split_paragraphs, cfg.max_dup_para_frac, cfg.max_dup_para_char_frac, "gopher_dup_para"),
+            (non_empty_lines, cfg.max_dup_line_frac, cfg.max_dup_line_char_frac, "gopher_dup_line"),
+        ):
+            dup_count, dup_chars = duplicates(pieces := split(text))
+            if dup_count / len(pieces) > max_frac:
+                return False, f"{reason}_frac"
+            if dup_chars / n_chars > max_char_frac:
+                return False, f"{reason}_char_frac"
 
         words = lowercase_words(split_words(text))
         total_chars = sum(map(len, words))
