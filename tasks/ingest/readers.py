@@ -36,7 +36,7 @@ from typing import IO, Any
 
 import fsspec
 
-from tasks.datasets import Stats, filesystem, normalize_url
+from tasks.datasets import Stats, filesystem, normalize_url, remote_options
 from tasks.ingest.base import Document
 from tasks.ingest.config import ReaderConfig
 
@@ -57,6 +57,10 @@ READ_CHUNK = 1 << 20
 
 class InputError(ValueError):
     """An input URL that names nothing readable; the message names it."""
+
+
+class RemoteReadError(OSError):
+    """A remote input timed out or was cut short; an OSError, so the work item is retried."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -83,6 +87,10 @@ def expand_inputs(urls: str | Sequence[str]) -> list[str]:
         try:
             out.update(dict.fromkeys(_expand_one(url)))
         except (ImportError, OSError) as e:  # a missing s3fs/gcsfs, a refused connection, no permission
+            raise InputError(f"cannot read input {url}: {e}") from e
+        except Exception as e:  # the store's own errors (botocore's NoCredentialsError is no OSError)
+            if type(e).__module__.split(".")[0] not in ("botocore", "aiobotocore", "google", "aiohttp"):
+                raise
             raise InputError(f"cannot read input {url}: {e}") from e
     return list(out)
 
@@ -111,7 +119,7 @@ def _expand_one(url: str) -> list[str]:
 @contextlib.contextmanager
 def open_input(url: str) -> Iterator[IO[bytes]]:
     """A binary stream of ``url``'s uncompressed bytes; truncated gzip/zstd raise ``EOFError``."""
-    with fsspec.open(url, "rb") as raw:
+    with fsspec.open(url, "rb", **remote_options(url)) as raw:
         name = url.lower()
         if name.endswith(".gz"):
             with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
@@ -179,7 +187,15 @@ def read_documents(url: str, cfg: ReaderConfig, stats: Stats) -> Iterator[Docume
         raise InputError(f"cannot tell the format of {url} from its name; set reader.format to warc, wet, jsonl or parquet")
     stats.add("bytes_in", input_size(url))
     reader = {"warc": read_warc, "wet": read_wet, "jsonl": read_jsonl, "parquet": read_parquet}[fmt]
-    yield from reader(url, cfg, stats)
+    try:
+        yield from reader(url, cfg, stats)
+    except TimeoutError as e:
+        raise RemoteReadError(f"reading {url} timed out (reader.connect_timeout_s={cfg.connect_timeout_s}, "
+                              f"reader.read_timeout_s={cfg.read_timeout_s}): {str(e) or type(e).__name__}") from e
+    except Exception as e:
+        if type(e).__module__.split(".")[0] not in ("aiohttp", "botocore", "urllib3"):
+            raise
+        raise RemoteReadError(f"reading {url} failed part-way (the server cut the transfer short?): {e}") from e
 
 
 def doc_id(*parts: object) -> str:
@@ -263,7 +279,7 @@ def _read_archive(url: str, cfg: ReaderConfig, stats: Stats, record_type: str) -
     is counted and reading resumes at the next record. warcio then parses each framed record's
     HTTP head and body. ``in`` = ``out`` + every ``dropped.read_*`` and ``failed.read_*``.
     """
-    with fsspec.open(url, "rb") as raw:
+    with fsspec.open(url, "rb", **remote_options(url, cfg.connect_timeout_s, cfg.read_timeout_s)) as raw:
         framer = _WarcFramer(_decompressed_chunks(url, raw), cfg.max_payload_bytes + _HEAD_SLACK, _compression(url))
         for record in framer:
             if record.failure is not None:
@@ -706,7 +722,7 @@ def read_parquet_rows(url: str, required: str, columns: Sequence[str], stats: St
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with fsspec.open(url, "rb") as f:
+    with fsspec.open(url, "rb", **remote_options(url)) as f:
         try:
             parquet = pq.ParquetFile(f)
         except (pa.ArrowException, OSError) as e:

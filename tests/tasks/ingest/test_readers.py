@@ -334,3 +334,62 @@ def test_http_body_shorter_than_its_content_length_is_counted_as_truncated(tmp_p
     docs = list(read_documents(str(path), ReaderConfig(), stats))
     assert [d.url for d in docs] == ["https://a.example/ok"]
     assert stats["dropped.read_truncated_payload"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Remote inputs that misbehave: one sentence naming the URL, within the configured timeouts.
+
+
+class _RawHTTP:
+    """A one-file HTTP server on 127.0.0.1 that answers HEAD honestly, then either never answers a
+    GET (``silent``) or sends a body shorter than its Content-Length and hangs up (``cut``)."""
+
+    def __init__(self, mode: str, body: bytes) -> None:
+        import socket
+
+        self.mode, self.body, self.release = mode, body, threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)  # accept wakes up to notice close()
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.release.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                request = conn.recv(65536)
+                head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (len(self.body) * 10)
+                if request.startswith(b"HEAD"):
+                    conn.sendall(head)
+                elif self.mode == "silent":
+                    self.release.wait(30)
+                else:
+                    conn.sendall(head + self.body)
+
+    def close(self) -> None:
+        self.release.set()
+        self.thread.join(timeout=35)
+        self.sock.close()
+
+
+@pytest.mark.parametrize(("mode", "message"), [("silent", "timed out"), ("cut", "failed part-way")])
+def test_a_remote_input_that_hangs_or_is_cut_short_is_an_error_naming_it(mode, message):
+    import time
+
+    from tasks.ingest.readers import RemoteReadError
+
+    server = _RawHTTP(mode, b"".join(english_warc(0, 2)))
+    url = f"http://127.0.0.1:{server.port}/crawl.warc"
+    try:
+        start = time.monotonic()
+        with pytest.raises(RemoteReadError, match=f"reading {re.escape(url)} {message}"):
+            read(url, connect_timeout_s=2, read_timeout_s=1)
+        assert time.monotonic() - start < 20
+    finally:
+        server.close()
