@@ -52,6 +52,10 @@ class DatasetError(Exception):
     """A dataset is missing, incomplete or corrupt; the message says which and where."""
 
 
+class ManifestError(DatasetError, ValueError):
+    """A ``manifest.json`` that cannot be parsed (truncated, hand-edited, another tool's)."""
+
+
 # --------------------------------------------------------------------------------------------
 # Stats: additive counters, so per-shard stats merge into the stage's stats by addition.
 
@@ -392,7 +396,11 @@ def read_manifest(url: str) -> Manifest | None:
     fs, path = filesystem(join(url, MANIFEST))
     if not fs.exists(path):
         return None
-    manifest = Manifest.from_json(fs.cat_file(path).decode())
+    try:
+        manifest = Manifest.from_json(fs.cat_file(path).decode())
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ManifestError(f"{join(normalize_url(url), MANIFEST)} is unreadable ({type(e).__name__}: {e}); "
+                            "the dataset is corrupt: re-run the stage that wrote it") from None
     manifest.meta["url"] = normalize_url(url)  # a dataset may be moved; its location is where we read it
     return manifest
 

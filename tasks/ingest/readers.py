@@ -88,6 +88,10 @@ def expand_inputs(urls: str | Sequence[str]) -> list[str]:
             out.update(dict.fromkeys(_expand_one(url)))
         except (ImportError, OSError) as e:  # a missing s3fs/gcsfs, a refused connection, no permission
             raise InputError(f"cannot read input {url}: {e}") from e
+        except ValueError as e:  # fsspec: "Protocol not known"
+            if isinstance(e, InputError):
+                raise
+            raise InputError(f"cannot read input {url}: {e}") from e
         except Exception as e:  # the store's own errors (botocore's NoCredentialsError is no OSError)
             if type(e).__module__.split(".")[0] not in ("botocore", "aiobotocore", "google", "aiohttp"):
                 raise
@@ -121,14 +125,38 @@ def open_input(url: str) -> Iterator[IO[bytes]]:
     """A binary stream of ``url``'s uncompressed bytes; truncated gzip/zstd raise ``EOFError``."""
     with fsspec.open(url, "rb", **remote_options(url)) as raw:
         name = url.lower()
-        if name.endswith(".gz"):
-            with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
+        if name.endswith(".gz"):  # not gzip.GzipFile: it drops the lines it had decoded when it meets a truncation
+            with io.BufferedReader(_ChunkReader(_gzip_members(raw)), buffer_size=READ_CHUNK) as stream:
                 yield stream
         elif name.endswith(".zst"):
             with io.BufferedReader(ZstdReader(raw), buffer_size=READ_CHUNK) as stream:
                 yield stream
         else:
             yield raw
+
+
+class _ChunkReader(io.RawIOBase):
+    """A binary stream over ``_gzip_members``: corrupt data raises ``zlib.error`` where it starts,
+    truncation raises ``EOFError`` after every byte decoded before it."""
+
+    def __init__(self, chunks: Iterator[bytes | None]):
+        self._chunks, self._out = chunks, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out:
+            chunk = next(self._chunks, b"")
+            if chunk is _GAP:
+                raise zlib.error("corrupt gzip data")
+            if not chunk:
+                return 0
+            self._out = memoryview(chunk)
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
 
 
 class ZstdReader(io.RawIOBase):
@@ -479,7 +507,7 @@ class _WarcFramer:
         return record, end
 
     def _fail(self, start: int, reason: str, resume_from: int) -> tuple[_Framed, int]:
-        if not self._have(resume_from) or (at := self._next_record(resume_from)) < 0:
+        if not self._have(resume_from) or (at := self._next_record(resume_from, boundary=True)) < 0:
             if self._truncated and not self._truncation_counted:
                 self._truncation_counted = True
                 reason = f"truncated_{self._compression}"
@@ -503,6 +531,8 @@ class _WarcFramer:
         if int(length) <= self._retain:
             complete = self._have(body_end + 4)
             if complete and self._bytes(body_end, body_end + 4) == b"\r\n\r\n":
+                if not warc_type:
+                    return _Framed(start, failure="bad_header"), body_end + 4
                 body = self._bytes(body_start, body_end)
                 return _Framed(start, warc_type, head, raw_head, body), body_end + 4
             inside = self._next_record(body_start, min(body_end + 4, self._end))
@@ -676,15 +706,18 @@ def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str,
                     stats.add(f"failed.{prefix}_bad_record")
                     continue
                 yield line_no, record
-        except EOFError:
+        except EOFError:  # the cut line is a record seen: ``in`` still adds up
+            stats.add("in")
             stats.add(f"failed.{truncated}")
             log.warning("%s: file is truncated after line %d", url, line_no)
         except (gzip.BadGzipFile, zlib.error) as e:
+            stats.add("in")
             stats.add(f"failed.{prefix}_corrupt_file")
             log.warning("%s: corrupt compressed data after line %d: %s", url, line_no, e)
         except Exception as e:  # zstandard.ZstdError, without importing zstandard for every format
             if type(e).__name__ != "ZstdError":
                 raise
+            stats.add("in")
             stats.add(f"failed.{prefix}_corrupt_file")
             log.warning("%s: corrupt zstd data after line %d: %s", url, line_no, e)
 
@@ -726,11 +759,13 @@ def read_parquet_rows(url: str, required: str, columns: Sequence[str], stats: St
         try:
             parquet = pq.ParquetFile(f)
         except (pa.ArrowException, OSError) as e:
+            stats.add("in")  # the unreadable rest is one record seen, so ``in`` adds up
             stats.add(f"failed.{prefix}_corrupt_file")
             log.warning("%s: not a readable Parquet file: %s", url, e)
             return
         names = set(parquet.schema_arrow.names)
         if required not in names:
+            stats.add("in")
             stats.add(f"failed.{prefix}_corrupt_file")
             log.warning("%s: Parquet file has no %r column (columns: %s); skipped", url, required, sorted(names))
             return
@@ -743,6 +778,7 @@ def read_parquet_rows(url: str, required: str, columns: Sequence[str], stats: St
                     yield row, record
                     row += 1
         except (pa.ArrowException, OSError) as e:
+            stats.add("in")
             stats.add(f"failed.{prefix}_corrupt_file")
             log.warning("%s: corrupt Parquet data after row %d: %s", url, row, e)
 
