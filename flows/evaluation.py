@@ -23,6 +23,7 @@ from tasks import datasets
 from tasks.config import from_dict
 from tasks.eval.config import EvalConfig
 from tasks.eval.evaluate import checkpoint_identity, evaluate_checkpoint, run_dir_of, step_of
+from tasks.eval.harness import score_with_harness
 from tasks.eval.report import plot_losses, read_metrics, results_table, run_evaluations, validation_curves
 from tasks.train.export import resolve_checkpoint
 
@@ -137,6 +138,17 @@ def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str,
         shards.append(datasets.write_shard(url, PLOT, functools.partial(_write_file, data=plot)))
     stats = {k: report[k] for k in (*FIGURES, "tokens_scored", "bytes_scored")}
     stats.update({f"{n}.{k}": s[k] for n, s in splits.items() for k in FIGURES})
+    # -- lm-evaluation-harness on the Hugging Face export, when eval.harness.enabled (tasks/eval/harness.py) --
+    if cfg.harness.enabled:
+        harness_shards, harness = score_with_harness(step_url, next(iter(sources.values())), cfg.harness, url)
+        shards += harness_shards
+        stats.update({f"harness.{k}": v for k, v in harness["metrics"].items()})
+        meta["harness"] = harness
+        create_table_artifact(key=artifact_key(f"smelt-harness-{run_dir.rsplit('/', 1)[-1]}"),
+                              table=[{"step": report["step"], "task": harness["task"], "items": harness["items"],
+                                      **harness["metrics"]}],
+                              description=f"lm-evaluation-harness (model hf) on the export of {step_url}")
+    # -- end lm-evaluation-harness --
     manifest = datasets.commit(url, kind="eval", fp=fp, shards=shards, stats=stats,
                                inputs=[datasets.read_manifest(step_url)], config=cfg, meta=meta)
     run_name = run_dir.rsplit("/", 1)[-1]

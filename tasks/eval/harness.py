@@ -30,6 +30,7 @@ TASK = "smelt_last_word"
 DOCS_FILE = "harness_cloze.jsonl"
 TASK_FILE = "harness_task.yaml"
 RESULTS_FILE = "harness.json"
+METRICS = ("acc", "perplexity")  # the task file's metric_list
 
 
 def held_out_documents(tokens_url: str, max_tokens: int) -> list[list[int]]:
@@ -105,9 +106,8 @@ def run_harness(model_dir: str | Path, items: list[dict], workdir: Path, batch_s
         task_manager=TaskManager(include_path=str(task_dir)), batch_size=batch_size, device="cpu",
         log_samples=False, bootstrap_iters=0,
     )
-    raw = results["results"][TASK]
-    return {key.split(",")[0]: float(value) for key, value in raw.items()
-            if isinstance(value, (int, float)) and not key.startswith("alias") and "stderr" not in key}
+    raw = {key.split(",")[0]: value for key, value in results["results"][TASK].items()}  # "acc,none" -> "acc"
+    return {metric: float(raw[metric]) for metric in METRICS}
 
 
 def score_with_harness(step_url: str, tokens_url: str, cfg: HarnessConfig, output_url: str) -> tuple[list, dict]:

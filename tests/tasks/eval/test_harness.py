@@ -46,8 +46,8 @@ def test_cloze_items_cut_before_an_alphabetic_word():
 
 def test_lm_eval_scores_the_export_and_writes_its_results_into_the_eval_dataset(tmp_path):
     tokens = make_tokens(tmp_path / "data")
-    run = train_small(tokens, str(tmp_path / "run"))
-    step_url = datasets.normalize_url(run) + "/checkpoints/step-00000030"
+    run = train_small(tokens, str(tmp_path / "run"), steps=12)
+    step_url = datasets.normalize_url(run) + "/checkpoints/step-00000012"
     cfg = HarnessConfig(enabled=True, docs=12, min_words=6, max_words=24, batch_size=4)
     shards, results = score_with_harness(step_url, tokens, cfg, str(tmp_path / "eval"))
 
