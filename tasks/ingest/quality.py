@@ -145,20 +145,16 @@ class GopherRepetitionFilter(ProseFilter):
         total_chars = sum(map(len, words))
         # If no n-gram of some size repeats, no longer one does: those checks are skipped.
         no_repeats_from = math.inf
-        # the most frequent short n-gram must not dominate the text
-        for n, max_frac in cfg.max_top_ngram_char_frac.items():
-            frac = top_ngram_char_frac(words, n, total_chars) if n < no_repeats_from else 0.0
-            if frac > max_frac:
-                return False, f"gopher_top_{n}_gram"
-            if frac == 0.0:
-                no_repeats_from = min(no_repeats_from, n)
-        # repeated longer n-grams must not cover much of the text
-        for n, max_frac in cfg.max_dup_ngram_char_frac.items():
-            frac = dup_ngram_char_frac(words, n, total_chars) if n < no_repeats_from else 0.0
-            if frac > max_frac:
-                return False, f"gopher_dup_{n}_gram"
-            if frac == 0.0:
-                no_repeats_from = min(no_repeats_from, n)
+        # the most frequent short n-gram must not dominate the text (top), nor repeated longer
+        # n-grams cover much of it (dup)
+        for kind, measure, limits in (("top", top_ngram_char_frac, cfg.max_top_ngram_char_frac),
+                                      ("dup", dup_ngram_char_frac, cfg.max_dup_ngram_char_frac)):
+            for n, max_frac in limits.items():
+                frac = measure(words, n, total_chars) if n < no_repeats_from else 0.0
+                if frac > max_frac:
+                    return False, f"gopher_{kind}_{n}_gram"
+                if frac == 0.0:
+                    no_repeats_from = min(no_repeats_from, n)
         return True
 
 
