@@ -37,7 +37,7 @@ from typing import Any
 
 import fsspec
 
-from tasks.datasets import Stats, filesystem, normalize_url
+from tasks.datasets import Stats, filesystem, normalize_url, remote_options
 from tasks.ingest.base import Document
 from tasks.ingest.code.config import CodeReaderConfig
 from tasks.ingest.readers import GLOB_CHARS, InputError, doc_id, input_size, read_json_lines, read_parquet_rows
@@ -337,7 +337,7 @@ def read_tar(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document
     """Regular-file members of a tar archive (any of tar's compressions), streamed in order."""
     checks = _SourceChecks(cfg, stats)
     repo = archive_repo(url)
-    with fsspec.open(url, "rb") as raw:
+    with fsspec.open(url, "rb", **remote_options(url)) as raw:
         try:
             with tarfile.open(fileobj=raw, mode="r|*") as archive:
                 for member in archive:
@@ -363,7 +363,7 @@ def read_zip(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document
     """Regular-file members of a zip archive, in central-directory order."""
     checks = _SourceChecks(cfg, stats)
     repo = archive_repo(url)
-    with fsspec.open(url, "rb") as raw:
+    with fsspec.open(url, "rb", **remote_options(url)) as raw:
         try:
             archive = zipfile.ZipFile(raw)
         except (zipfile.BadZipFile, EOFError) as e:
