@@ -1,8 +1,8 @@
 """HTML → main text, under a time limit and a size cap, with one of two engines (``extract.engine``).
 
 - ``trafilatura`` in precision mode, as FineWeb: a Python loop over lxml calls.
-- ``resiliparse`` (``html2text.extract_plain_text`` with main-content detection, as DCLM): one C++
-  call over a lexbor DOM, about 14× faster per page here. The README's "How each stage scales
+- ``resiliparse`` (``html2text.extract_plain_text`` with main-content detection, as DCLM): one
+  native call over a lexbor DOM, about 14× faster per page here. The README's "How each stage scales
   out" gives what each costs and how their kept sets and texts differ (``bench/ingest.py``).
 
 Why the time limit is a watchdog thread and not ``signal.alarm``: Dask workers run tasks in
@@ -11,7 +11,7 @@ process instead raises ``ExtractTimeout`` *inside* the extracting thread when it
 (``PyThreadState_SetAsyncExc``), which works from any thread. The exception is delivered at the
 next Python bytecode; trafilatura's work is a Python loop over lxml calls, so it stops within one
 lxml call, and the size cap (``max_html_bytes``) bounds how long any single lxml call can take
-(resiliparse's single C++ call is bounded by the size cap alone).
+(resiliparse's single native call is bounded by the size cap alone).
 ``ExtractTimeout`` derives from ``BaseException`` so trafilatura's own ``except Exception`` blocks
 do not swallow it. (A subprocess per worker would also stop a runaway C call, at the price of
 shipping every page across a pipe and keeping a second process per worker.)
@@ -191,8 +191,8 @@ _MAY_HOLD_CODE = re.compile(r"<(?:pre|code)\b|<td\b[^>]*class\s*=\s*[\"']?[^\"'>
 
 def _resiliparse_text(html: str, cfg: ExtractConfig) -> tuple[str, bool]:
     """Why the HTML string goes in, not a parsed ``HTMLTree``: resiliparse's tree and node objects
-    may only be freed by the thread that made them, and they are freed by the cyclic garbage
-    collector, which runs in any thread (in a Dask worker, its event-loop thread)."""
+    may only be freed by the thread that made them, and in a Dask worker some were freed by its
+    event-loop thread instead (a RuntimeError each, and the object leaked). The string makes none."""
     from resiliparse.extract.html2text import extract_plain_text
 
     text = extract_plain_text(
