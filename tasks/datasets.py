@@ -248,6 +248,13 @@ def file_checksum(fs: fsspec.AbstractFileSystem, path: str, algorithm: str = CHE
     return f"{algorithm.split(':', 1)[0]}:{h.hexdigest()}"
 
 
+def bytes_checksum(blob: bytes, algorithm: str = CHECKSUM) -> str:
+    """``<algorithm>:<hex>`` of bytes in memory (``algorithm`` may also be a checksum)."""
+    h = _hasher(algorithm)
+    h.update(blob)
+    return f"{algorithm.split(':', 1)[0]}:{h.hexdigest()}"
+
+
 def shard_problem(fs: fsspec.AbstractFileSystem, path: str, shard: ShardInfo) -> str | None:
     """Why the file at ``path`` is not ``shard`` (missing, size, checksum), or None if it is."""
     if not fs.exists(path):

@@ -140,8 +140,16 @@ def load_tokenizer(url: str) -> Tokenizer:
         raise datasets.DatasetError(
             f"no tokenizer at {json_url}; train one (`smelt tokenizer train`) or pass a tokenizer.json URL"
         )
+    blob = fs.cat_file(path)
+    if json_url != datasets.normalize_url(url):  # inside a dataset: verified like any shard
+        manifest = datasets.open_dataset(url)
+        listed = {s.name: s.checksum for s in manifest.shards}.get(TOKENIZER_FILE)
+        expected = listed or manifest.meta.get("tokenizer_checksum")
+        if expected and datasets.bytes_checksum(blob, expected) != expected:
+            raise datasets.DatasetError(f"{json_url} does not match the checksum its dataset records: "
+                                        "the dataset is corrupt; re-run the stage that wrote it")
     try:
-        tokenizer = Tokenizer.from_str(fs.cat_file(path).decode("utf-8"))
+        tokenizer = Tokenizer.from_str(blob.decode("utf-8"))
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
         raise datasets.DatasetError(f"{json_url} is not a valid tokenizer.json: {e}") from e
     tokenizer.encode_special_tokens = True

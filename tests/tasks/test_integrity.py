@@ -158,3 +158,15 @@ def test_the_verified_reader_checks_partial_reads_and_seeks_too(tmp_path):
             f.read(100)  # reads only the start: leaving the block hashes the rest
     with pytest.raises(datasets.DatasetError, match="has no shard 'b.bin'"):
         datasets.open_shard(manifest, "b.bin")
+
+
+def test_a_corrupt_tokenizer_inside_a_dataset_is_refused(tmp_path, docs, tokenizer_url):
+    from tasks.tokenize.tokenizer import load_tokenizer
+
+    tokens = run_tokenize([docs], tokenizer_url, str(tmp_path / "tokens"), TokenizeConfig(), fingerprint="tk")
+    for folder in ("tokenizer", "tokens"):
+        path = tmp_path / folder / "tokenizer.json"
+        path.write_text(path.read_text().replace('"<|eos|>"', '"<|EOS|>"', 1))
+        with pytest.raises(datasets.DatasetError, match="tokenizer.json does not match the checksum"):
+            load_tokenizer(str(tmp_path / folder))
+    assert tokens.meta["tokenizer_checksum"].startswith("xxh3_128:")
