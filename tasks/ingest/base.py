@@ -56,6 +56,12 @@ def _counted(docs: Iterable[Document], stats: Stats, key: str) -> Iterator[Docum
         yield doc
 
 
+def enabled_steps(chain: list[tuple[type[Step], Any]]) -> list[Step]:
+    """A stage's steps in order, each built from its config section; a section with ``enabled``
+    false leaves its step out (a section without ``enabled`` always runs)."""
+    return [step(section) for step, section in chain if getattr(section, "enabled", True)]
+
+
 class Step:
     """One named transformation of a document stream, built from its config section (whose
     ``enabled``, where it has one, switches it); a disabled step passes documents uncounted."""

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from tasks import datasets
 from tasks.counters import merge_steps
 from tasks.datasets import ShardInfo, ShardResult, Stats
-from tasks.ingest.base import Document, Step
+from tasks.ingest.base import Document, Step, enabled_steps
 from tasks.ingest.config import IngestConfig, OutputConfig
 from tasks.ingest.readers import read_documents
 
@@ -37,18 +37,17 @@ def build_steps(cfg: IngestConfig) -> list[Step]:
     from tasks.ingest.quality import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
     from tasks.ingest.urlfilter import URLFilter
 
-    chain = [
-        (cfg.url_filter.enabled, URLFilter, cfg.url_filter),
-        (True, Extract, cfg.extract),
-        (cfg.lang.enabled, LangIdFilter, cfg.lang),
-        (cfg.gopher_repetition.enabled, GopherRepetitionFilter, cfg.gopher_repetition),
-        (cfg.gopher_quality.enabled, GopherQualityFilter, cfg.gopher_quality),
-        (cfg.c4.enabled, C4QualityFilter, cfg.c4),
-        (cfg.fineweb.enabled, FineWebQualityFilter, cfg.fineweb),
-        (cfg.classifier.enabled, QualityClassifierFilter, cfg.classifier),
-        (cfg.pii.enabled, PIIMasker, cfg.pii),
-    ]
-    return [step(section) for enabled, step, section in chain if enabled]
+    return enabled_steps([
+        (URLFilter, cfg.url_filter),
+        (Extract, cfg.extract),
+        (LangIdFilter, cfg.lang),
+        (GopherRepetitionFilter, cfg.gopher_repetition),
+        (GopherQualityFilter, cfg.gopher_quality),
+        (C4QualityFilter, cfg.c4),
+        (FineWebQualityFilter, cfg.fineweb),
+        (QualityClassifierFilter, cfg.classifier),
+        (PIIMasker, cfg.pii),
+    ])
 
 
 def step_names(steps: list[Step]) -> list[str]:
