@@ -1,0 +1,120 @@
+"""Training through `smelt launch slurm` on a two-node loopback Slurm cluster (2 nodes × 1 gloo rank):
+scancel and resubmit, the time-limit signal, a node taken down (requeue); every job completes.
+
+Each interruption is gated, not timed: the fault injector SIGSTOPs a rank at the start of a chosen
+step after the earlier checkpoints committed (tasks/train/faults.py), and the test acts once that
+fault's marker exists, so the checkpoint a rerun resumes from is known in advance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.train.checkpoint import list_committed
+from tasks.train.goodput import read_jsonl
+from tests.tasks.train.token_corpus import make_corpus
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["train.data.seq_len=16", "train.data.global_batch=8", "train.model.dim=32", "train.model.n_layers=2",
+        "train.model.n_heads=4", "train.model.n_kv_heads=2", "train.model.ffn_hidden=64"]
+
+
+def launch(cluster, tmp_path: Path, name: str, sets: list[str], *extra: str) -> dict:
+    """`smelt launch slurm` as a user types it; returns its --json answer."""
+    env = {**cluster.env, "OMP_NUM_THREADS": "1", "SMELT_CACHE_DIR": str(tmp_path / "cache")}
+    corpus = tmp_path / "corpus"
+    if not (corpus / "manifest.json").exists():
+        make_corpus(str(corpus))
+    cmd = [sys.executable, "-m", "flows.cli", "launch", "slurm", "--data", str(corpus), "--root", str(tmp_path / name),
+           "--run-dir", str(tmp_path / name / "train"), "--nodes", "2", "--procs-per-node", "1", "--max-restarts", "0",
+           "--log-dir", str(tmp_path / f"{name}-logs"),
+           "--rdzv-port", str(_free_port()), "--json", *extra, *[a for s in [*TINY, *sets] for a in ("--set", s)]]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _free_port() -> int:
+    from tasks.train.launch import free_port
+
+    return free_port()
+
+
+def wait_for(path: Path, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{what} not seen after {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def run_path(job: dict) -> Path:
+    return Path(job["run_dir"].removeprefix("file://"))
+
+
+def starts(job: dict) -> list[dict]:
+    return [e for e in read_jsonl(job["run_dir"], "events.jsonl") if e["event"] == "start"]
+
+
+def restart_now(cluster, job_id: str) -> None:
+    """A requeued job waits for its BeginTime (~2 min by default); start it as soon as nodes are free."""
+    cluster.wait_job(job_id, {"PENDING"}, timeout=60)
+    cluster.run("scontrol", "update", f"jobid={job_id}", "StartTime=now")
+
+
+def test_scancel_and_resubmit_then_the_time_limit_signal_each_resume_where_they_should(slurm_cluster, tmp_path):
+    """Job 1 is cancelled at step 6 (checkpoint 4 committed); the same command resubmitted resumes
+    from 4; near its "time limit" (step 9) the signal checkpoints step 9 and requeues; the rerun
+    resumes from 9 and completes."""
+    sets = ["train.steps=12", "train.checkpoint.interval_steps=4",
+            "train.faults.inject=stop:rank=0,step=6;stop:rank=1,step=9"]
+    job = launch(slurm_cluster, tmp_path, "run", sets)
+    assert job["world_size"] == 2 and "--nnodes 2 --nproc-per-node 1" in job["text"]
+    faults = run_path(job) / "faults"
+    wait_for(faults / "fired-stop-0-6", 120, "the step-6 gate")
+    slurm_cluster.run("scancel", job["job_id"])
+    assert slurm_cluster.wait_job(job["job_id"], {"CANCELLED"}, timeout=60) == "CANCELLED"
+    assert [c["step"] for c in list_committed(job["run_dir"])][-1] == 4
+
+    again = launch(slurm_cluster, tmp_path, "run", sets)  # the same command, the same run folder
+    assert again["run_dir"] == job["run_dir"] and again["job_id"] != job["job_id"]
+    wait_for(faults / "fired-stop-1-9", 120, "the step-9 gate")
+    # What Slurm does stop_lead_s before the time limit: SIGUSR1 to the batch shell.
+    slurm_cluster.run("scancel", "--batch", "--signal=USR1", again["job_id"])
+    log = tmp_path / "run-logs" / f"{again['name']}-{again['job_id']}.out"
+    deadline = time.monotonic() + 30
+    while "time limit near" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    time.sleep(1)  # let the forwarded SIGUSR1 reach rank 0; stopped rank 1 holds it pending
+    os.kill(json.loads((faults / "fired-stop-1-9").read_text())["pid"], signal.SIGCONT)
+    restart_now(slurm_cluster, again["job_id"])
+    assert slurm_cluster.wait_job(again["job_id"], {"COMPLETED", "FAILED"}, timeout=180) == "COMPLETED"
+    assert "stop requested (SIGUSR1): final checkpoint at step 9" in log.read_text()
+    summary = json.loads((run_path(job) / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["world_size"] == 2 and summary["resumed_from"] == 9
+    assert [s["resumed_from"] for s in starts(job)] == [None, 4, 9]
+
+
+def test_a_node_taken_down_requeues_the_job_which_resumes(slurm_cluster, tmp_path):
+    sets = ["train.steps=12", "train.checkpoint.interval_steps=4", "train.faults.inject=stop:rank=1,step=6"]
+    job = launch(slurm_cluster, tmp_path, "down", sets)
+    wait_for(run_path(job) / "faults" / "fired-stop-1-6", 120, "the step-6 gate")
+    slurm_cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=smelt-test")
+    # The job is requeued; its slurmd still answers, so the node returns (ReturnToService=2), as a
+    # replaced node would: resuming it by hand is only needed where it has not yet.
+    restart_now(slurm_cluster, job["job_id"])
+    slurm_cluster.run("scontrol", "update", "nodename=n2", "state=resume", check=False)
+    assert slurm_cluster.wait_job(job["job_id"], {"COMPLETED", "FAILED"}, timeout=180) == "COMPLETED"
+    assert slurm_cluster.job_field(job["job_id"], "Restarts") == "1"
+    summary = json.loads((run_path(job) / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["resumed_from"] == 4
+    assert [s["resumed_from"] for s in starts(job)] == [None, 4]
