@@ -24,6 +24,8 @@ from flows.ingest import code_ingest_output, code_ingest_task, ingest_output, in
 from flows.tokens import tokenize_task, tokenizer_output, tokenizer_task, tokens_output
 from flows.train import train_task
 from tasks import datasets
+from tasks.ingest.code.readers import expand_code_inputs
+from tasks.ingest.readers import expand_inputs
 
 SAMPLE_DIR = "sample"
 
@@ -78,7 +80,9 @@ def crawl_to_model(inputs: list[str] | None = None, code_inputs: list[str] | Non
         inputs, code_inputs = sample["web"], sample["code"]
     if not inputs:
         raise ValueError("give crawl inputs (--input) as well as code inputs: the web branch is required")
-    code_inputs = code_inputs or []
+    # globbed once: every stage below (and its fingerprint) reads these lists of files
+    inputs = expand_inputs(inputs)
+    code_inputs = expand_code_inputs(code_inputs, cfg.ingest_code.reader) if code_inputs else []
 
     stages = []
     with contextlib.ExitStack() as stack:

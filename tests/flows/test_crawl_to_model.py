@@ -88,7 +88,7 @@ def test_ingest_drops_non_english_low_quality_and_malformed_pages(first_run):
     assert len(malformed) == 4
     assert stats["dropped.read_empty"] >= 3 and stats["dropped.read_non_html"] >= 3
     assert stats["dropped.read_truncated_payload"] >= 3
-    assert stats["read.decoded_with_replacements"] >= 3  # undecodable bytes are counted, not silent
+    assert stats["funnel.read.decoded_with_replacements"] >= 3  # undecodable bytes are counted, not silent
     assert stats["in"] == len(truth)
 
 
