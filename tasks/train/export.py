@@ -39,7 +39,7 @@ from tasks.train.config import ModelConfig
 log = logging.getLogger(__name__)
 
 KIND = "model"
-META = "smelt_meta.json"
+META = hf.SMELT_META
 FORMAT = "smelt-hf-llama-1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

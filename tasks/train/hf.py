@@ -34,6 +34,7 @@ CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+SMELT_META = "smelt_meta.json"  # smelt's own record beside the Hugging Face files (tasks/train/export.py)
 TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -186,6 +187,8 @@ def local_folder(url: str) -> Path:
     path = Path(url.removeprefix("file://"))
     if not (path / CONFIG).is_file():
         raise ValueError(f"{path} has no config.json; pass a Hugging Face model folder (e.g. one `smelt export` wrote)")
+    if (path / SMELT_META).is_file() and not (path / datasets.MANIFEST).is_file():
+        raise ValueError(f"{path} is an unfinished smelt export (no manifest.json); export it again")
     return path
 
 

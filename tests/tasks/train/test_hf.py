@@ -270,3 +270,15 @@ def test_a_trained_model_exports_with_equal_logits_and_generations(tmp_path, tok
         prompt = tok(want["prompt"], return_tensors="pt")["input_ids"]
         out = hf_model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=None)
         assert tok.decode(out[0, prompt.shape[1]:]) == want["completion"]
+
+
+def test_an_unfinished_export_is_refused_as_a_starting_point(tmp_path, tokens):
+    vocab = datasets.open_dataset(tokens).meta["vocab_size"]
+    export_checkpoint(save_checkpoint(sharp_model(model_cfg(vocab, tie=False)), str(tmp_path / "run"), tokens),
+                      str(tmp_path / "export"))
+    assert hf.local_folder(str(tmp_path / "export")) == tmp_path / "export"
+    (tmp_path / "export" / "manifest.json").unlink()  # as if the export had died before its last write
+    with pytest.raises(ValueError, match="unfinished smelt export"):
+        hf.local_folder(str(tmp_path / "export"))
+    with pytest.raises(ValueError, match="no config.json"):
+        hf.local_folder(str(tmp_path))
