@@ -664,7 +664,11 @@ def raw_input_fingerprints(urls: list[str]) -> list[str]:
     for url in urls:
         fs, path = filesystem(url)
         info = fs.info(path)
-        stamp = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or info.get("created")
-        blob = canonical_json([normalize_url(url), info.get("size"), str(stamp)])
+        blob = canonical_json([normalize_url(url), info.get("size"), file_stamp(info)])
         out.append(hashlib.sha256(blob.encode()).hexdigest()[:FINGERPRINT_CHARS])
     return out
+
+
+def file_stamp(info: Mapping[str, Any]) -> str:
+    """A file's modification stamp from its fsspec ``info``: ETag, else mtime, else creation time."""
+    return str(info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or info.get("created"))

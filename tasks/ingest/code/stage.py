@@ -108,12 +108,8 @@ def code_input_fingerprints(urls: list[str], cfg: CodeReaderConfig | None = None
         if url.startswith(("http://", "https://")) or not fs.isdir(path):
             out += datasets.raw_input_fingerprints([url])
             continue
-        listing = sorted((p, info.get("size"), _stamp(info)) for p, info in walk_files(fs, path, reader.skip_dirs))
+        listing = sorted((p, info.get("size"), datasets.file_stamp(info)) for p, info in walk_files(fs, path, reader.skip_dirs))
         blob = datasets.canonical_json([url, listing])
         out.append(hashlib.sha256(blob.encode()).hexdigest()[: datasets.FINGERPRINT_CHARS])
     return out
 
-
-def _stamp(info: dict) -> str:
-    keys = ("ETag", "etag", "mtime", "LastModified", "created")
-    return str(next((info[k] for k in keys if info.get(k)), None))
