@@ -29,6 +29,14 @@ On the generated sample crawl (``tasks/sample/crawl.py``) or ``--input URL`` (e.
    on 2 cores. A work item is one input file: ``--split N`` re-packs WARC inputs round-robin into
    N files first, so a crawl of a few uneven files still gives every worker equal work.
 
+With ``--datatrove`` (datatrove importable, e.g. installed with ``pip install --target DIR
+--no-deps datatrove loguru multiprocess dill humanize faust-cchardet python-magic`` and put on
+``PYTHONPATH``; it is not a dependency), the same inputs also go through datatrove's ``WarcReader``
+and ``Trafilatura`` extractor, FineWeb's first two steps, alternating with the engines: its
+``docs_per_core_s`` counts the CPU of its extraction sandbox process too, and it runs no filter,
+so it is an upper bound on datatrove's FineWeb pipeline per core. ``vs_datatrove`` is each
+engine's ``docs_per_core_s`` over it.
+
 ``load_avg_1m`` is the machine's load when the run ended. Prints one JSON line.
 """
 
@@ -45,6 +53,8 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+import fsspec
 
 from tasks import datasets
 from tasks.datasets import Stats
@@ -120,12 +130,43 @@ def text_agreement(inputs: list[str], engines: list[str]) -> dict[str, float]:
     return out
 
 
-def measure_engines(inputs: list[str], engines: list[str], repeat: int, work: Path) -> dict[str, dict]:
+def _cpu_with_children() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def datatrove_run(inputs: list[str]) -> tuple[float, int]:
+    """(CPU seconds, records) of datatrove's WarcReader + Trafilatura (precision) over ``inputs``."""
+    from datatrove.pipeline.extractors import Trafilatura
+    from datatrove.pipeline.readers import WarcReader
+
+    folder = os.path.dirname(inputs[0].removeprefix("file://"))
+    reader = WarcReader(folder, glob_pattern="*.warc.gz")
+    docs = 0
+
+    def counted():
+        nonlocal docs
+        for doc in reader.run(None, 0, 1):
+            docs += 1
+            yield doc
+
+    started = _cpu_with_children()
+    for _ in Trafilatura(favour_precision=True, timeout=5.0).run(counted(), 0, 1):
+        pass
+    return _cpu_with_children() - started, docs  # the sandbox process is reaped when the extractor ends
+
+
+def measure_engines(inputs: list[str], engines: list[str], repeat: int, work: Path,
+                    datatrove: bool = False) -> dict[str, dict]:
     configs = {e: engine_config(e) for e in engines}
     for cfg in configs.values():
         warm_worker(cfg)
     best: dict[str, tuple[float, float, Stats, set[str]]] = {}
+    datatrove_best = None
     for r in range(repeat):
+        if datatrove:
+            cpu, docs = datatrove_run(inputs)
+            datatrove_best = min(datatrove_best or (cpu, docs), (cpu, docs))
         for engine, cfg in configs.items():
             out = str(work / f"engine-{engine}-{r}")
             cpu, wall = time.process_time(), time.perf_counter()
@@ -149,6 +190,12 @@ def measure_engines(inputs: list[str], engines: list[str], repeat: int, work: Pa
     if BASELINE in results:
         for row in results.values():
             row["speedup"] = round(row["docs_per_core_s"] / results[BASELINE]["docs_per_core_s"], 2)
+    if datatrove_best is not None:
+        rate = datatrove_best[1] / datatrove_best[0]
+        for row in results.values():
+            row["vs_datatrove"] = round(row["docs_per_core_s"] / rate, 2)
+        results["datatrove_read_extract"] = {"docs": datatrove_best[1], "docs_per_core_s": round(rate, 2),
+                                             "cpu_s": round(datatrove_best[0], 3)}
     return results
 
 
@@ -162,7 +209,7 @@ def measure_reader(inputs: list[str], stage_cpu_s: float | None) -> dict:
     smelt = time.process_time() - cpu
     cpu = time.process_time()
     for url in inputs:
-        with open_input(url) as stream:
+        with fsspec.open(url, "rb") as stream:  # FastWARC decompresses the gzip itself
             for record in ArchiveIterator(stream, record_types=WarcRecordType.response, parse_http=True):
                 record.reader.read()
     fastwarc = time.process_time() - cpu
@@ -232,6 +279,7 @@ def main() -> None:
     parser.add_argument("--split", type=int, default=0, help="re-pack WARC inputs into this many files for the scaling runs (0: as given)")
     parser.add_argument("--workers", type=int, default=2, help="workers of the parallel run (the baseline has 1); 0 skips scaling")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each (alternating); the best counts")
+    parser.add_argument("--datatrove", action="store_true", help="also time datatrove's WarcReader + Trafilatura (see above)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="smelt-bench-ingest-"))
@@ -246,7 +294,7 @@ def main() -> None:
             inputs = expand_inputs(str(work / "crawl" / "*.warc.gz"))
             source = f"sample(pages={args.pages}, files={args.files}, seed={args.seed})"
         engines = [e for e in args.engines.split(",") if e]
-        result = {"input": source, "engines": measure_engines(inputs, engines, args.repeat, work)}
+        result = {"input": source, "engines": measure_engines(inputs, engines, args.repeat, work, args.datatrove)}
         result["default_engine"] = IngestConfig().extract.engine
         result["reader"] = measure_reader(inputs, result["engines"].get(IngestConfig().extract.engine, {}).get("cpu_s"))
         if args.workers:
