@@ -282,9 +282,9 @@ def load_into(parts: Iterable[nn.Module], folder: str | Path) -> int:
                 raise ValueError(f"{name}: the folder holds shape {full_shape}, the model {tuple(param.shape)}")
             box = _local_box(param) if isinstance(param, DTensor) else None
             if box is not None:
-                param.to_local().copy_(weights.get_box(name, *box).to(param.dtype))
+                param.to_local().copy_(weights.get_box(name, *box).to(param.device, param.dtype))
             else:
-                _assign_full_value(param, weights.get(name).to(param.dtype))
+                _assign_full_value(param, weights.get(name).to(param.device, param.dtype))
             loaded += 1
     return loaded
 
