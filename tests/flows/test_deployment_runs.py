@@ -2,8 +2,9 @@
 `prefect deploy --all`, crawl-to-model with the default LocalCluster, a failed run retried the way the UI's
 Retry button does it, and the eval deployment run once per committed checkpoint under the run's root.
 
-One server and worker serve the whole module; every wait is bounded. The runs share one root, so the data
-stages are computed once; training is tiny (one rank, 8 steps, a checkpoint every 4).
+One server and worker serve the whole module; every wait is bounded. The runs share one root holding a
+smaller sample than the demo's (the flow finds it under <root>/sample and does not write its own), so the
+data stages are computed once and quickly; training is tiny (one rank, 8 steps, a checkpoint every 4).
 """
 
 import json
@@ -99,7 +100,13 @@ def deployment_run(env: dict, name: str, params: dict) -> str:
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> str:
-    return datasets.normalize_url(str(tmp_path_factory.mktemp("smelt-root")))
+    from tasks.sample.code import write_sample_code
+    from tasks.sample.crawl import write_sample_crawl
+
+    url = datasets.normalize_url(str(tmp_path_factory.mktemp("smelt-root")))
+    write_sample_crawl(datasets.join(url, "sample"), pages=400, files=2)
+    write_sample_code(datasets.join(url, "sample", "code"), files=150)
+    return url
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +183,17 @@ def test_eval_deployment_runs_once_per_committed_checkpoint_under_the_runs_root(
     by_run = {}
     for e in evals:
         by_run.setdefault(e["meta"]["run"], {})[e["meta"]["step"]] = e["stats"]["val_loss"]
+        assert "loss.png" in {s["name"] for s in e["shards"]}
     for losses in by_run.values():
         assert losses[4] != losses[8]
+    # The per-run table grows by one row per evaluated checkpoint (two evals running at once may each
+    # publish before the other's commit, so the rows are checked across the artifact's versions).
+    for run_dir in run_dirs(root):
+        versions = api.call("POST", "/artifacts/filter", {"artifacts": {"key": {"any_": [f"smelt-evals-{run_dir.name}"]}}})
+        tables = [json.loads(v["data"]) if isinstance(v["data"], str) else v["data"] for v in versions]
+        assert {row["step"] for table in tables for row in table} == {4, 8}
+        assert all({"web val loss", "code bits/byte", "total perplexity", "tokens"} <= set(row) for table in tables
+                   for row in table)
 
 
 def smelt(env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -188,18 +204,22 @@ def smelt(env: dict, *args: str) -> subprocess.CompletedProcess:
 def test_smelt_eval_of_two_checkpoints_gives_two_results_and_training_settings_change_identity(
         retried_run, server, root):
     _, _, env = server
+    first, second = run_dirs(root)
     results = {}
-    for run_dir in run_dirs(root):
-        for step in (4, 8):
-            out = smelt(env, "eval", "--checkpoint", str(run_dir / "checkpoints" / f"step-{step:08d}"), "--json")
-            assert out.returncode == 0, out.stderr
-            results[(run_dir.name, step)] = json.loads(out.stdout)
-    (first, second) = sorted({run for run, _ in results})
-    assert results[(first, 4)]["fingerprint"] != results[(first, 8)]["fingerprint"]
-    assert results[(first, 4)]["stats"]["val_loss"] != results[(first, 8)]["stats"]["val_loss"]
-    assert (results[(first, 4)]["step"], results[(first, 8)]["step"]) == (4, 8)
-    # The two runs differ only in a training setting (the fault); their step-4 evals are not the same result.
-    assert results[(first, 4)]["fingerprint"] != results[(second, 4)]["fingerprint"]
+    for step in (4, 8):
+        out = smelt(env, "eval", "--checkpoint", str(first / "checkpoints" / f"step-{step:08d}"), "--json")
+        assert out.returncode == 0, out.stderr
+        results[step] = json.loads(out.stdout)
+    assert (results[4]["step"], results[8]["step"]) == (4, 8)
+    assert results[4]["fingerprint"] != results[8]["fingerprint"] and results[4]["url"] != results[8]["url"]
+    assert results[4]["stats"]["val_loss"] != results[8]["stats"]["val_loss"]
+    # The two runs differ only in a training setting (the fault spec), not in their first 4 steps: their
+    # step-4 evaluations are still two results.
+    evals = {(e["meta"]["run"], e["meta"]["step"]): e["fingerprint"] for e in
+             (json.loads(p.read_text()) for p in Path(datasets.filesystem(root)[1], "eval").glob("*/manifest.json"))}
+    run_url = {d: datasets.normalize_url(str(d)) for d in (first, second)}
+    assert evals[(run_url[first], 4)] == results[4]["fingerprint"]
+    assert evals[(run_url[first], 4)] != evals[(run_url[second], 4)]
 
 
 def test_eval_of_a_checkpoint_retention_removed_is_skipped_with_the_reason(retried_run, server, root):
