@@ -20,6 +20,7 @@ from tasks import datasets, jsonlog
 from tasks.objectstore import StoreError, preflight
 from tasks.sample.crawl import write_sample_crawl
 from tasks.train.checkpoint import list_committed
+from tasks.train.export import export_checkpoint
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import launch_torchrun
 from tests.engines.conftest import BUCKET
@@ -110,7 +111,7 @@ def test_the_whole_run_on_s3_matches_the_run_on_local_disk(s3, tmp_path, prefect
     assert read_jsonl(stages["train"]["url"], "metrics.jsonl")  # metrics reached the store while training
 
 
-def test_training_killed_after_a_committed_checkpoint_on_s3_resumes_from_it(s3, tmp_path, monkeypatch):
+def test_training_killed_after_a_committed_checkpoint_on_s3_resumes_from_it_and_exports(s3, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path / "cache"))
     corpus = make_corpus(f"s3://{BUCKET}/corpus")
@@ -125,6 +126,8 @@ def test_training_killed_after_a_committed_checkpoint_on_s3_resumes_from_it(s3, 
     starts = [e for e in read_jsonl(run_dir, "events.jsonl") if e["event"] == "start"]
     assert [s["resumed_from"] for s in starts] == [None, 4]
     assert list((tmp_path / "cache").rglob("train-00000.bin"))  # the loader read a verified local copy
+    exported = export_checkpoint(run_dir, f"s3://{BUCKET}/export")  # export reads the checkpoint from S3 too
+    assert exported.meta["checkpoint"].endswith("step-00000006") and datasets.verify(exported) == []
 
 
 CHILD = """
