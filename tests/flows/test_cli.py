@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from flows import cli
 
 COMMANDS = [[], ["sample"], ["run"], ["ingest"], ["ingest-code"], ["dedup"], ["tokenize"], ["tokenizer", "train"],
-            ["train"], ["eval"], ["export"], ["plan"], ["simulate"], ["quality-classifier", "train"]]
+            ["train"], ["eval"], ["export"], ["plan"], ["simulate"], ["quality-classifier", "train"],
+            ["server", "start"], ["server", "stop"]]
 
 
 @pytest.fixture(scope="module")
