@@ -283,7 +283,7 @@ class ReaderConfig:
 
 @dataclasses.dataclass
 class ExtractConfig:
-    """HTML → text with trafilatura in precision mode, as FineWeb (tasks/ingest/extract.py)."""
+    """HTML → main text with resiliparse (as DCLM) or trafilatura in precision mode (as FineWeb); tasks/ingest/extract.py."""
 
     # resiliparse (DCLM's extractor, C++) | trafilatura (FineWeb's); README "How each stage scales out"
     # gives the measured speed and agreement of each; favor_precision and deduplicate are trafilatura's only.
