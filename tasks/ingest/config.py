@@ -283,9 +283,9 @@ class ReaderConfig:
 
 @dataclasses.dataclass
 class ExtractConfig:
-    """HTML → main text with resiliparse (as DCLM) or trafilatura in precision mode (as FineWeb); tasks/ingest/extract.py."""
+    """HTML → main text: resiliparse (as DCLM) or trafilatura in precision mode (as FineWeb); extract.py."""
 
-    # resiliparse (DCLM's extractor, C++) | trafilatura (FineWeb's); README "How each stage scales out"
+    # resiliparse (DCLM's extractor, native code) | trafilatura (FineWeb's); README "How each stage scales out"
     # gives the measured speed and agreement of each; favor_precision and deduplicate are trafilatura's only.
     engine: str = "resiliparse"
     favor_precision: bool = True
