@@ -509,3 +509,12 @@ def test_fsdp_checkpoint_reshards_from_one_rank_to_two_and_back(tmp_path):
     after_reseed = random.random()
     rng.reseed(2)  # saved by 2 ranks, loaded by 1: the RNG was reseeded, not restored
     assert random.random() == after_reseed
+
+
+def test_a_step_folder_names_its_run_folder_and_anything_else_is_refused():
+    from tasks.train.checkpoint import relative_step, run_dir_of
+
+    assert run_dir_of("s3://bucket/runs/a/checkpoints/step-00000004/") == "s3://bucket/runs/a"
+    assert relative_step(4) == "checkpoints/step-00000004"
+    with pytest.raises(datasets.DatasetError, match="is not a checkpoint folder"):
+        run_dir_of("s3://bucket/runs/a")
