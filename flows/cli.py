@@ -248,7 +248,7 @@ def train(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     nproc: Annotated[Optional[int], typer.Option(help="Processes for torchrun (default: launch.nproc).")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the layout, memory and accumulation; train nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the layout, per-rank parameters and accumulation; train nothing.")] = False,
     init_from: Annotated[Optional[str], typer.Option(help="Start from this Hugging Face Llama folder (continued pretraining).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -262,9 +262,9 @@ def train(
     overrides = list(set_ or []) + ([f"launch.nproc={nproc}"] if nproc else [])
     overrides += [f"train.init_from={init_from}"] if init_from else []
     cfg = _config(config, overrides)
+    report = dry_run_report(data, section(cfg, "train"), cfg.launch.nproc)  # user mistakes: one sentence, now
     if dry_run:
-        _emit(dry_run_report(data, section(cfg, "train"), cfg.launch.nproc), as_json,
-              lambda r: console.print_json(json.dumps(r, default=str)))
+        _emit(report, as_json, lambda r: console.print_json(json.dumps(r, default=str)))
         return
     result = train_flow(data=data, root=root, config=section(cfg, "train"), launch=section(cfg, "launch"), run_dir=run_dir)
     _emit(result, as_json, lambda r: render_train(r, _out()))

@@ -27,6 +27,14 @@ class LaunchConfig:
     task_retries: int = 1  # then Prefect retries the whole launch this many times
     timeout_minutes: float = 120.0
 
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ValueError(f"launch.nproc must be at least 1, got {self.nproc}")
+        if self.max_restarts < 0 or self.task_retries < 0:
+            raise ValueError("launch.max_restarts and launch.task_retries must be >= 0")
+        if self.timeout_minutes <= 0:
+            raise ValueError(f"launch.timeout_minutes must be positive, got {self.timeout_minutes}")
+
 
 @dataclass
 class RunConfig:

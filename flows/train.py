@@ -23,23 +23,14 @@ from flows.common import StageOutcome, artifact_key, planned_output
 from flows.config import LaunchConfig
 from tasks import datasets
 from tasks.config import from_dict
-from tasks.train.checkpoint import list_committed
-from tasks.train.config import TrainConfig
-from tasks.train.launch import launch_torchrun
+from tasks.train.checkpoint import finished_run, list_committed, named_checkpoint, relative_step
+from tasks.train.config import TrainConfig, parse_data
+from tasks.train.launch import launch_torchrun, preflight
 from tasks.train.stragglers import REPORT as STRAGGLER_REPORT
 
 STAGE = "train"
 CHECKPOINT_EVENT = "smelt.checkpoint.committed"
 PUBLISHED = "published.json"  # steps whose commit was published
-
-
-def parse_data(data: list[str]) -> dict[str, str]:
-    """``["URL"]`` or ``["web=URL", "code=URL"]`` → name → normalized URL."""
-    out = {}
-    for i, item in enumerate(data):
-        name, url = item.split("=", 1) if "=" in item and "://" not in item.split("=", 1)[0] else (f"data{i}" if len(data) > 1 else "main", item)
-        out[name] = datasets.normalize_url(url)
-    return out
 
 
 def run_dir_for(data: dict[str, str], root: str, cfg: TrainConfig) -> tuple[str, str, dict[str, datasets.Manifest]]:
@@ -114,7 +105,7 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
     sources = parse_data(data)
     url, fp, manifests = run_dir_for(sources, root, cfg)
     url = datasets.normalize_url(run_dir) if run_dir else url
-    finished = datasets.read_manifest(url)
+    finished = finished_run(url)  # None also when its final checkpoint fails verification: resume and rewrite it
     if finished is not None:
         logger.info(f"train: reusing finished run {url}")
         return _outcome(url, finished, reused=True, seconds=0.0)
@@ -144,7 +135,7 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
         url, kind="model", fp=fp, shards=[],
         stats={"steps": summary["steps"], "tokens": summary["tokens"], "restarts": result.get("restarts", 0)},
         inputs=list(manifests.values()), config=cfg,
-        meta={"checkpoint": final["url"], "step": final["step"], "summary": summary, "data": sources},
+        meta={"checkpoint": relative_step(final["step"]), "step": final["step"], "summary": summary, "data": sources},
     )
     return _outcome(url, manifest, reused=False, seconds=result["seconds"])
 
@@ -152,18 +143,14 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
 def _outcome(url: str, manifest: datasets.Manifest, reused: bool, seconds: float) -> dict:
     outcome = StageOutcome(STAGE, url, manifest.fingerprint, manifest.kind, reused, round(seconds, 2),
                            int(manifest.stats.get("tokens", 0)), dict(manifest.stats)).to_dict()
-    outcome["checkpoint"] = manifest.meta["checkpoint"]
+    outcome["checkpoint"] = named_checkpoint(manifest)
     outcome["summary"] = manifest.meta["summary"]
     return outcome
 
 
 def dry_run_report(data: list[str], config: dict, nproc: int) -> dict[str, Any]:
-    """Layout, per-rank memory and derived accumulation, without launching anything."""
-    from tasks.train.trainer import describe_layout
-
-    sources = parse_data(data)
-    vocab = {datasets.open_dataset(u, kind="tokens").meta["vocab_size"] for u in sources.values()}
-    return describe_layout(from_dict(TrainConfig, config), world_size=nproc, vocab_size=max(vocab))
+    """Layout, per-rank parameters and derived accumulation, without launching anything."""
+    return preflight(from_dict(TrainConfig, config), parse_data(data), [nproc])
 
 
 @flow(name="train")
@@ -171,5 +158,6 @@ def train_flow(data: list[str], root: str = "smelt-data", config: dict | None = 
                launch: dict | None = None, run_dir: str | None = None) -> dict:
     """Launch torchrun on token datasets; Prefect retries the whole launch when the agent gives up."""
     launch = launch or dataclasses.asdict(LaunchConfig())
+    dry_run_report(data, config or {}, int(launch["nproc"]))  # user mistakes: one sentence, before any retry
     return train_task.with_options(retries=int(launch["task_retries"]), retry_delay_seconds=5)(
         data, root, config or {}, launch, run_dir)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from tasks import datasets
 from tasks.eval.config import EvalConfig
-from tasks.train.checkpoint import CHECKPOINTS_DIR, verify_checkpoint
+from tasks.train.checkpoint import CHECKPOINTS_DIR, run_dir_of, verify_checkpoint
 from tasks.train.config import ModelConfig
 from tasks.train.data import TokenStream
 from tasks.train.export import load_consolidated, resolve_checkpoint
@@ -95,11 +95,6 @@ def checkpoint_identity(step_url: str) -> dict | None:
         "fingerprint": manifest.fingerprint,
         "files": hashlib.sha256(files.encode()).hexdigest(),
     }
-
-
-def run_dir_of(step_url: str) -> str:
-    """``<run>/checkpoints/step-NNNNNNNN`` → ``<run>``."""
-    return datasets.normalize_url(step_url).rsplit(f"/{CHECKPOINTS_DIR}/", 1)[0]
 
 
 def step_of(step_url: str) -> int | None:
