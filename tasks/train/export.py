@@ -25,10 +25,10 @@ import argparse
 import functools
 import json
 import logging
+import struct
 import sys
 from typing import Any
 
-import safetensors.torch
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -115,6 +115,27 @@ def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, indent=2, sort_keys=True).encode()
 
 
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def _write_safetensors(f, tensors: dict[str, torch.Tensor]) -> int:
+    """The safetensors format (8-byte header length, JSON header, raw little-endian bytes) written
+    tensor by tensor: ``safetensors.torch.save`` would first build the whole file in memory."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, tensor in tensors.items():
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as the library writes it
+    f.write(struct.pack("<Q", len(blob)) + blob)
+    for tensor in tensors.values():
+        f.write(memoryview(tensor.contiguous().flatten().view(torch.uint8).numpy()))
+    return len(tensors)
+
+
 def _write_file(f, blob: bytes, rows: int = 1) -> int:
     f.write(blob)
     return rows
@@ -156,10 +177,8 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
             tensors[key] = value
             weight_map[key] = file
             total += value.numel() * value.element_size()
-        blob = safetensors.torch.save(tensors, {"format": "pt"})
+        shards.append(datasets.write_shard(output_url, file, functools.partial(_write_safetensors, tensors=tensors)))
         del tensors
-        shards.append(datasets.write_shard(output_url, file, functools.partial(_write_file, blob=blob, rows=len(group))))
-        del blob
         log.info("export: wrote %s (%d tensors)", file, len(group))
     if len(groups) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
@@ -184,7 +203,7 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
     smelt_meta = {
         "format": FORMAT, "model": meta["model"], "step": meta.get("step"), "tokens": meta.get("tokens"),
         "dtype": hf.TORCH_DTYPES[final_dtype], "params": params, "checkpoint": step_url,
-        "run": step_url.rsplit(f"/{checkpoint.CHECKPOINTS_DIR}/", 1)[0],
+        "run": checkpoint.run_dir_of(step_url),
         "config_fingerprint": meta.get("config_fingerprint"), "data": meta.get("data"),
         "tokens_dataset": tokens.meta["url"] if tokens else None,
         "tokens_fingerprint": tokens.fingerprint if tokens else None,

@@ -147,3 +147,20 @@ def test_shard_sizes_parse_like_transformers():
 def test_cli_reports_a_missing_checkpoint_in_one_line(tmp_path, capsys):
     assert main(["--checkpoint", str(tmp_path / "nothing"), "--output", str(tmp_path / "export")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_streamed_safetensors_files_read_back_with_the_safetensors_library():
+    import io
+
+    import safetensors.torch
+
+    from tasks.train.export import _write_safetensors
+
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16), "c": torch.randn(2, 2, 3).half(),
+               "empty": torch.empty(0, 4), "permuted": torch.randn(4, 6).t()}
+    buf = io.BytesIO()
+    assert _write_safetensors(buf, tensors) == 5
+    back = safetensors.torch.load(buf.getvalue())
+    assert sorted(back) == sorted(tensors)
+    for name, tensor in tensors.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
