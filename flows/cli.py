@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="smelt: raw web-and-code crawl in, filtered, deduplicated, tokenized data and a trained, "
@@ -441,7 +442,7 @@ def main() -> None:
         _preflight_stores(sys.argv[1:])
         app()
     except (ConfigError, DatasetError, FileNotFoundError, ValueError, StoreError, SubmitError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")  # messages name [sections]: not markup
         sys.exit(2)
 
 
