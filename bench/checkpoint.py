@@ -1,7 +1,7 @@
 """Async checkpoint blocking time against a synchronous save of the same state, in one run.
 
 One process (a one-rank gloo group, as under torchrun), the ``125m`` preset of
-``tasks/train/model.py`` with its AdamW state (model + two moments ≈ 1.5 GB). Times:
+``tasks/llama.py`` with its AdamW state (model + two moments ≈ 1.5 GB). Times:
 
 - ``sync_save_s``: DCP writing the state with ``async_mode="off"`` (the manifest's
   ``checkpoint.write_s``: file writes and fsync, not smelt's checksums, so the baseline is not
@@ -31,9 +31,10 @@ import torch.distributed as dist
 from torch import nn
 
 from tasks import datasets
+from tasks.llama import Transformer
+from tasks.model_config import preset
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, step_url
-from tasks.train.config import CheckpointConfig, preset
-from tasks.train.model import Transformer
+from tasks.train.config import CheckpointConfig
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, before_update=None) -> float:

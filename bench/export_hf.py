@@ -19,10 +19,11 @@ from pathlib import Path
 
 import torch
 
+from tasks.llama import Transformer
+from tasks.model_config import preset
 from tasks.train.checkpoint import CheckpointManager, step_url
-from tasks.train.config import CheckpointConfig, preset
+from tasks.train.config import CheckpointConfig
 from tasks.train.export import DTYPES, parse_size
-from tasks.train.model import Transformer
 
 
 def child(step: str, output: str, dtype: str, max_shard_size: str) -> None:

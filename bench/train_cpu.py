@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from tasks import datasets
 from tasks.config import from_dict
+from tasks.llama import Transformer
 from tasks.train.config import TrainConfig
-from tasks.train.model import Transformer
 from tasks.train.trainer import Trainer
 
 

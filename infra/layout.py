@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from tasks.train.config import AC_MODES, ModelConfig, ParallelConfig
+from tasks.model_config import ModelConfig
+from tasks.train.config import AC_MODES, ParallelConfig
 from tasks.train.config import PP_SCHEDULES as TRAINER_SCHEDULES  # schedule → stages per rank (the trainer's)
 PRECISIONS = ("bf16", "fp8")
 

@@ -11,7 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from tasks.train.config import ModelConfig, preset
+from tasks.model_config import ModelConfig, preset
 
 # --model-set key → ModelConfig field
 SET_KEYS = {"dim": "dim", "layers": "n_layers", "heads": "n_heads", "kv_heads": "n_kv_heads", "ffn": "ffn_hidden",

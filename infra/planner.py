@@ -20,7 +20,7 @@ from infra.memory import GB, MemoryAssumptions, MemoryBreakdown, memory_per_rank
 from infra.models import model_config
 from infra.reliability import FailureAssumptions, Reliability, plan_reliability
 from infra.timing import PART_LABELS, StepTime, TimingAssumptions, step_time
-from tasks.train.config import ModelConfig
+from tasks.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 

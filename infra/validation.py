@@ -38,7 +38,7 @@ from infra.catalogue import gpu as lookup_gpu
 from infra.layout import Layout, ModelShape, check_shape, parse_layout
 from infra.memory import GB, MemoryAssumptions, memory_per_rank
 from infra.timing import TimingAssumptions, step_time
-from tasks.train.config import PRESETS, ModelConfig
+from tasks.model_config import PRESETS, ModelConfig
 
 GIB = 2**30
 

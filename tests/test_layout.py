@@ -65,10 +65,8 @@ STAGE_PACKAGES = ("ingest", "dedup", "tokenize", "train", "eval", "sample")
 PENDING_CROSSINGS = {
     "tasks/train/export.py imports tasks.tokenize.tokenizer",
     "tasks/eval/evaluate.py imports tasks.train.checkpoint",
-    "tasks/eval/evaluate.py imports tasks.train.config",
     "tasks/eval/evaluate.py imports tasks.train.data",
     "tasks/eval/evaluate.py imports tasks.train.export",
-    "tasks/eval/evaluate.py imports tasks.train.model",
     "tasks/eval/evaluate.py imports tasks.tokenize.tokenizer",
     "tasks/eval/harness.py imports tasks.train.data",
     "tasks/eval/harness.py imports tasks.tokenize.tokenizer",

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 
 from tasks import datasets
 from tasks.eval.config import EvalConfig
+from tasks.llama import Transformer, rope_tables
+from tasks.model_config import ModelConfig
 from tasks.train.checkpoint import CHECKPOINTS_DIR, run_dir_of, verify_checkpoint
-from tasks.train.config import ModelConfig
 from tasks.train.data import TokenStream
 from tasks.train.export import load_consolidated, resolve_checkpoint
-from tasks.train.model import Transformer, rope_tables
 
 log = logging.getLogger(__name__)
 

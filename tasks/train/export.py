@@ -33,8 +33,8 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from tasks import datasets
+from tasks.model_config import ModelConfig
 from tasks.train import checkpoint, hf
-from tasks.train.config import ModelConfig
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from tasks import datasets
-from tasks.train.config import ModelConfig
-from tasks.train.model import Transformer, canonical_name, rope_tables
+from tasks.llama import Transformer, canonical_name, rope_tables
+from tasks.model_config import ModelConfig
 from tasks.train.parallelize import _assign_full_value
 
 CONFIG = "config.json"

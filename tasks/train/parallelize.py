@@ -26,8 +26,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from tasks.llama import Transformer
 from tasks.train.config import ParallelConfig
-from tasks.train.model import Transformer
 from tasks.train.parallel_dims import ParallelDims
 
 log = logging.getLogger(__name__)

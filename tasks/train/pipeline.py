@@ -22,8 +22,8 @@ from torch.distributed.pipelining.schedules import (
     _PipelineSchedule,
 )
 
+from tasks.llama import Transformer
 from tasks.train.config import PP_SCHEDULES
-from tasks.train.model import Transformer
 
 log = logging.getLogger(__name__)
 

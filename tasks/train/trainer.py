@@ -29,14 +29,15 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from tasks import datasets as contract
+from tasks.llama import Transformer
+from tasks.model_config import ModelConfig
 from tasks.train import goodput, hf, metrics, pipeline, watchdog
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
-from tasks.train.config import DataConfig, ModelConfig, TrainConfig
-from tasks.train.data import TokenLoader
 from tasks.train.callbacks import Callback, Callbacks
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
+from tasks.train.config import DataConfig, TrainConfig
+from tasks.train.data import TokenLoader
 from tasks.train.faults import FaultInjector
 from tasks.train.loss_guard import LossGuard, SkippedRange, SkipList, skip_window
-from tasks.train.model import Transformer
 from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.parallelize import check_model_fits, compute_dtype, materialize, param_counts, parallelize_model

@@ -1,7 +1,7 @@
 """Layout rules that need neither memory nor timing: node size, divisibility, the trainer's schedules."""
 
 from infra.layout import Layout, ModelShape, check_shape
-from tasks.train.config import PRESETS
+from tasks.model_config import PRESETS
 
 SHAPE = ModelShape(PRESETS["70b"], 8192)
 

@@ -6,7 +6,7 @@ from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape
 from infra.memory import GB, MemoryAssumptions, inflight_microbatches, layer_activation_bytes, memory_per_rank, \
     model_state_bytes
-from tasks.train.config import PRESETS, ModelConfig
+from tasks.model_config import PRESETS, ModelConfig
 
 PAPER = MemoryAssumptions(grad_bytes=2)  # ZeRO paper: fp16 gradients, K = 12
 SMALL = ModelConfig(dim=1024, n_layers=4, n_heads=8, n_kv_heads=4, ffn_hidden=4096, vocab_size=8192)

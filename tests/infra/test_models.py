@@ -5,7 +5,7 @@ import json
 import pytest
 
 from infra.models import from_hf_config, model_config, parse_model_set
-from tasks.train.config import PRESETS
+from tasks.model_config import PRESETS
 
 
 def test_model_set_overrides_fields_and_defaults_to_plain_multi_head_attention():

@@ -5,7 +5,7 @@ import pytest
 from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape, split_stages
 from infra.timing import TimingAssumptions, step_time
-from tasks.train.config import PRESETS
+from tasks.model_config import PRESETS
 
 
 def test_70b_parameters_and_flops_per_token_match_the_formula():

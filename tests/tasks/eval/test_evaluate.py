@@ -5,9 +5,9 @@ import math
 import torch
 
 from tasks.eval.evaluate import score
-from tasks.train.config import ModelConfig
+from tasks.llama import Transformer
+from tasks.model_config import ModelConfig
 from tasks.train.data import TokenStream
-from tasks.train.model import Transformer
 from tests.tasks.train.token_corpus import make_corpus
 
 

@@ -14,14 +14,15 @@ import torch
 
 from tasks import datasets
 from tasks.eval.evaluate import probe
+from tasks.llama import Transformer
+from tasks.model_config import ModelConfig
 from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.stage import run_tokenize
 from tasks.tokenize.tokenizer import load_tokenizer, train_tokenizer
 from tasks.train import hf
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, step_url
-from tasks.train.config import CheckpointConfig, ModelConfig
+from tasks.train.config import CheckpointConfig
 from tasks.train.export import export_checkpoint, load_exported
-from tasks.train.model import Transformer
 
 transformers = pytest.importorskip("transformers")
 

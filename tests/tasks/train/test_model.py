@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.train.config import PRESETS, preset
-from tasks.train.model import Transformer, apply_rope, canonical_name, rope_tables
+from tasks.llama import Transformer, apply_rope, canonical_name, rope_tables
+from tasks.model_config import PRESETS, preset
 
 @pytest.fixture(autouse=True)
 def one_thread():

@@ -21,11 +21,12 @@ import torch.distributed.checkpoint as dcp
 
 from tasks import datasets
 from tasks.eval.evaluate import load_model
+from tasks.llama import Transformer
+from tasks.model_config import preset
 from tasks.train import checkpoint
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, UnsafeCheckpointError, step_url
-from tasks.train.config import CheckpointConfig, preset
+from tasks.train.config import CheckpointConfig
 from tasks.train.export import export_checkpoint
-from tasks.train.model import Transformer
 
 pytestmark = [pytest.mark.filterwarnings("ignore:torch.distributed is disabled"),
               pytest.mark.filterwarnings("ignore:Detected an existing checkpoint")]

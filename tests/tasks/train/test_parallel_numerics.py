@@ -17,8 +17,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from tasks.config import from_dict, merge_overrides
+from tasks.llama import canonical_name
 from tasks.train.config import TrainConfig
-from tasks.train.model import canonical_name
 from tasks.train.trainer import Trainer
 from tests.tasks.train.ranks import one_thread, run_ranks
 from tests.tasks.train.token_corpus import make_corpus

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.train.config import preset
-from tasks.train.model import Transformer
+from tasks.llama import Transformer
+from tasks.model_config import preset
 from tasks.train.pipeline import layer_split, split_model, stage_ids
 
 

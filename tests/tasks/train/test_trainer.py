@@ -13,10 +13,11 @@ import torch
 from tasks import datasets
 from tasks.config import from_dict, merge_overrides
 from tasks.eval.evaluate import load_model
+from tasks.model_config import preset
 from tasks.train import checkpoint
 from tasks.train.callbacks import Callback
 from tasks.train.checkpoint import list_committed
-from tasks.train.config import DataConfig, ParallelConfig, TrainConfig, preset
+from tasks.train.config import DataConfig, ParallelConfig, TrainConfig
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.trainer import Trainer, config_fingerprint, describe_layout, plan_batches
 from tests.tasks.train.token_corpus import make_corpus

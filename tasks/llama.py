@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.train.config import ModelConfig
+from tasks.model_config import ModelConfig
 
 # Wrappers that activation checkpointing and compile put around a block add these to parameter
 # names; the canonical name (used for seeds and checkpoints) has them removed.
