@@ -43,9 +43,25 @@ def exact_edges(records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return representative[member], recs["doc"][member]
 
 
+def _repeated(keys: np.ndarray) -> np.ndarray:
+    """Mask of the entries whose key occurs more than once (one sort of one column)."""
+    order = np.argsort(keys)
+    ordered = keys[order]
+    repeated = np.zeros(len(keys), dtype=bool)
+    same = ordered[1:] == ordered[:-1]
+    repeated[1:] |= same
+    repeated[:-1] |= same
+    mask = np.empty(len(keys), dtype=bool)
+    mask[order] = repeated
+    return mask
+
+
 def near_candidates(records: np.ndarray, fanout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(a, b, band) candidate pairs with a < b, from documents that share a band key."""
     recs = records[records["band"] != EXACT_BAND]
+    # Most band keys are unique and can pair with nothing: drop them before the four-column sort,
+    # which then orders only the (few) records of shared keys — the same pairs, in the same order.
+    recs = recs[_repeated(recs["key"])]
     recs = recs[np.lexsort((recs["doc"], recs["tag"], recs["band"], recs["key"]))]
     recs = recs[_group_starts(recs["key"], recs["band"], recs["tag"])]  # one document per exact copy set
     first = _group_starts(recs["key"], recs["band"])
