@@ -32,7 +32,7 @@ def test_a_world_not_divisible_by_the_fixed_degrees_is_refused():
 
 @pytest.mark.parametrize("field", ["pp", "dp_replicate", "tp"])
 def test_non_positive_degrees_are_refused(field):
-    with pytest.raises(ValueError, match=f"parallel.{field} must be a positive integer"):
+    with pytest.raises(ValueError, match=f"parallel.{field} must be at least 1"):
         dims(4, **{field: 0})
 
 
