@@ -47,7 +47,9 @@ def render(spec: JobSpec, python: str | None = None) -> str:
         *([f"--account={spec.account}"] if spec.account else []),
     ]
     torchrun = shell_line(spec.torchrun("$SLURM_JOB_ID", python), '"$head_addr"')
-    torchrun = torchrun.replace("'$SLURM_JOB_ID'", '"smelt-$SLURM_JOB_ID"')
+    # One rendezvous per run of the job: agents left over from before a requeue (a node that was
+    # only marked down) must not join the new one.
+    torchrun = torchrun.replace("'$SLURM_JOB_ID'", '"smelt-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"')
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(spec.env.items()))
     return f"""#!/bin/bash
 {chr(10).join('#SBATCH ' + d for d in directives)}

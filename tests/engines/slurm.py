@@ -88,6 +88,19 @@ class Cluster:
                                    f"log: {self.dir / 'log'}")
             time.sleep(0.5)
 
+    def kill_node_tasks(self, node: str, job_id: str) -> None:
+        """SIGKILL the processes of job ``job_id`` on ``node`` (all nodes share this host here)."""
+        victims = []
+        for p in psutil.process_iter(["environ"]):
+            with contextlib.suppress(psutil.Error):
+                env = p.info["environ"] or {}
+                if env.get("SLURMD_NODENAME") == node and env.get("SLURM_JOB_ID") == job_id:
+                    victims.append(p)
+        for p in victims:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(victims, timeout=10)
+
     def wait_nodes_idle(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while True:
@@ -156,11 +169,11 @@ def slurm_cluster(d: str | Path) -> Iterator[Cluster]:
     try:
         subprocess.run([_bin("mungekey"), "--create", f"--keyfile={d}/munge.key"], check=True, capture_output=True)
         os.chmod(d / "munge.key", 0o600)
-        start(_bin("munged"), "-F", f"--key-file={d}/munge.key", f"--socket={d}/munge.socket",
+        munged = start(_bin("munged"), "-F", f"--key-file={d}/munge.key", f"--socket={d}/munge.socket",
               f"--pid-file={d}/munged.pid", f"--log-file={d}/log/munged.log", f"--seed-file={d}/munge.seed")
         deadline = time.monotonic() + 20
         while not (d / "munge.socket").exists():
-            if time.monotonic() > deadline:
+            if munged.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"munged did not start; see {d}/log")
             time.sleep(0.1)
         start(_bin("slurmctld"), "-D", "-f", str(conf))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.train.checkpoint import list_committed
+from tasks.checkpoints import list_committed
 from tasks.train.goodput import read_jsonl
 from tests.tasks.train.token_corpus import make_corpus
 
@@ -109,6 +109,7 @@ def test_a_node_taken_down_requeues_the_job_which_resumes(slurm_cluster, tmp_pat
     job = launch(slurm_cluster, tmp_path, "down", sets)
     wait_for(run_path(job) / "faults" / "fired-stop-1-6", 120, "the step-6 gate")
     slurm_cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=smelt-test")
+    slurm_cluster.kill_node_tasks("n2", job["job_id"])  # the node is gone, and its processes with it
     # The job is requeued; its slurmd still answers, so the node returns (ReturnToService=2), as a
     # replaced node would: resuming it by hand is only needed where it has not yet.
     restart_now(slurm_cluster, job["job_id"])
