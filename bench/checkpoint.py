@@ -31,9 +31,10 @@ import torch.distributed as dist
 from torch import nn
 
 from tasks import datasets
+from tasks.checkpoints import step_url
 from tasks.llama import Transformer
 from tasks.model_config import preset
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, step_url
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState
 from tasks.train.config import CheckpointConfig
 
 

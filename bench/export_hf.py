@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
+from tasks.checkpoints import step_url
 from tasks.llama import Transformer
 from tasks.model_config import preset
-from tasks.train.checkpoint import CheckpointManager, step_url
+from tasks.train.checkpoint import CheckpointManager
 from tasks.train.config import CheckpointConfig
 from tasks.train.export import DTYPES, parse_size
 

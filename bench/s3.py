@@ -33,13 +33,14 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks import datasets  # noqa: E402
+from tasks.checkpoints import step_url  # noqa: E402
 from tasks.ingest.config import IngestConfig  # noqa: E402
 from tasks.ingest.readers import expand_inputs  # noqa: E402
 from tasks.ingest.stage import run_ingest  # noqa: E402
 from tasks.llama import Transformer  # noqa: E402
 from tasks.model_config import preset  # noqa: E402
 from tasks.sample.crawl import write_sample_crawl  # noqa: E402
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, step_url  # noqa: E402
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState  # noqa: E402
 from tasks.train.config import CheckpointConfig  # noqa: E402
 from tasks.train.data import TokenStream  # noqa: E402
 from tests.engines import seaweed  # noqa: E402

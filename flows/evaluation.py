@@ -25,7 +25,7 @@ from tasks.eval.config import EvalConfig
 from tasks.eval.evaluate import checkpoint_identity, evaluate_checkpoint, run_dir_of, step_of
 from tasks.eval.harness import score_with_harness
 from tasks.eval.report import plot_losses, read_metrics, results_table, run_evaluations, validation_curves
-from tasks.train.export import resolve_checkpoint
+from tasks.checkpoints import resolve as resolve_checkpoint
 
 STAGE = "eval"
 REPORT = "report.json"

@@ -23,7 +23,7 @@ from flows.common import StageOutcome, artifact_key, planned_output
 from flows.config import LaunchConfig
 from tasks import datasets
 from tasks.config import from_dict
-from tasks.train.checkpoint import finished_run, list_committed, named_checkpoint, relative_step
+from tasks.checkpoints import finished_run, list_committed, named_checkpoint, relative_step
 from tasks.train.config import TrainConfig, parse_data
 from tasks.train.launch import launch_torchrun, preflight
 from tasks.train.stragglers import REPORT as STRAGGLER_REPORT

@@ -1,7 +1,7 @@
 """Score a checkpoint on held-out tokens: loss, perplexity, bits per byte per split, plus probes.
 
 Runs in one process without torch.distributed: the checkpoint is consolidated from whatever mesh
-trained it (``tasks/train/export.py``) into a plain state dict.
+trained it (``tasks/checkpoints.py``) into a plain state dict.
 
 Bits per byte makes models with different tokenizers comparable: the summed loss (nats) over the
 scored tokens divided by ``ln 2`` times the UTF-8 bytes those tokens decode to.
@@ -22,12 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from tasks import datasets
+from tasks.checkpoints import CHECKPOINTS_DIR, load_consolidated, resolve, run_dir_of, verify_checkpoint
 from tasks.eval.config import EvalConfig
 from tasks.llama import Transformer, rope_tables
 from tasks.model_config import ModelConfig
-from tasks.train.checkpoint import CHECKPOINTS_DIR, run_dir_of, verify_checkpoint
 from tasks.train.data import TokenStream
-from tasks.train.export import load_consolidated, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +138,7 @@ def evaluate_checkpoint(checkpoint_url: str, data: dict[str, str] | None, cfg: E
     from tasks.tokenize.tokenizer import load_tokenizer
 
     start = time.perf_counter()
-    step_url = resolve_checkpoint(checkpoint_url)
+    step_url = resolve(checkpoint_url)
     model, meta = load_model(step_url)
     data = dict(sorted((data or meta["data"]).items()))
     seq_len = cfg.seq_len or meta["seq_len"]

@@ -1,11 +1,9 @@
-"""Checkpoints: async torch.distributed.checkpoint saves, a commit protocol, retention, resume.
+"""Writing checkpoints: async torch.distributed.checkpoint saves, a commit protocol, retention, resume.
 
-Layout: ``<run_dir>/checkpoints/step-NNNNNNNN/`` holds DCP's files (``__<rank>_<n>.distcp`` and
-``.metadata``) and smelt's ``manifest.json`` (tasks.datasets contract, kind ``checkpoint``),
-written last by rank 0 once every rank's files are on storage. A checkpoint is *committed* iff
-its manifest exists and *good* iff every file it lists has the recorded size and checksum. LATEST
-is the newest good checkpoint, found by verifying, never read from a pointer file, so a
-half-written or corrupted checkpoint is reported and skipped.
+The layout, what *committed* and *good* mean, verification and every read (``load_state``) are
+the shared core's (``tasks/checkpoints.py``); this module writes: ``<run_dir>/checkpoints/
+step-NNNNNNNN/`` gets DCP's files, then rank 0 commits its ``manifest.json`` once every rank's files
+are on storage.
 
 Saving (``CheckpointManager.maybe_save``): ``app_state`` values are Stateful objects. Their
 state dicts are taken on the calling thread, copied to host memory by a background stager, then
@@ -19,9 +17,7 @@ Resharding: DCP loads model and optimizer state into whatever mesh the current r
 ``RNGState`` is per rank; it is restored only when the world size matches the checkpoint's and is
 otherwise reseeded deterministically from (seed, step, rank).
 
-Nothing unpickles: ``.metadata`` is read by an unpickler that admits only DCP's own classes, and
-non-tensor values are stored as JSON by ``SavePlanner`` / ``LoadPlanner`` (see "Nothing unpickles"
-below); ``load_state`` is the one reader of DCP files (resume, rollback, export, eval).
+Nothing pickled: ``SavePlanner`` stores non-tensor values as the core's JSON (``encode_object``).
 
 Fault hook: ``SMELT_FAULT_CRASH_IN_SAVE=<step>`` makes every rank exit (``os._exit(1)``) after
 DCP has written that step's files and before the manifest, leaving an uncommitted checkpoint.
@@ -35,26 +31,22 @@ import io
 import json
 import logging
 import os
-import pickle
 import random
-import re
 import time
 import warnings
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 # The fsspec storage classes are not re-exported by torch.distributed.checkpoint (torch 2.13).
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import WriteItemType
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -68,34 +60,30 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType,
 from torch.distributed.checkpoint.stateful import Stateful
 
 from tasks import datasets
+from tasks.checkpoints import (
+    DCP_METADATA,
+    KIND,
+    checkpoint_problems,
+    checkpoints_url,
+    encode_object,
+    is_committed,
+    load_state,
+    step_dirs,
+    step_url,
+)
 from tasks.train.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
 
-# DCP warns on every single-process save/load even when asked for one (no_dist=True); here a single
-# process without torch.distributed is a supported setup (laptop runs, eval, export), not a mistake.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 # Rewriting a step (after a rollback) is intended and logged by _uncommit.
 warnings.filterwarnings("ignore", message="Detected an existing checkpoint in")
 
-KIND = "checkpoint"
-CHECKPOINTS_DIR = "checkpoints"
-DCP_METADATA = ".metadata"
 FAULT_CRASH_ENV = "SMELT_FAULT_CRASH_IN_SAVE"
 ASYNC_MODES = ("off", "thread", "process")
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
 # --------------------------------------------------------------------------------------------
-# Paths and DCP storage
-
-
-def checkpoints_url(run_dir_url: str) -> str:
-    return datasets.join(datasets.normalize_url(run_dir_url), CHECKPOINTS_DIR)
-
-
-def step_url(run_dir_url: str, step: int) -> str:
-    return datasets.join(checkpoints_url(run_dir_url), f"step-{step:08d}")
+# DCP storage
 
 
 def storage_writer(url: str) -> dcp.StorageWriter:
@@ -106,130 +94,6 @@ def storage_writer(url: str) -> dcp.StorageWriter:
     return FsspecWriter(url, sync_files=True, overwrite=True)
 
 
-def storage_reader(url: str) -> dcp.StorageReader:
-    """A DCP reader for ``url`` that reads ``.metadata`` with the restricted unpickler below."""
-    url = datasets.normalize_url(url)
-    if url.startswith("file://"):
-        return _FileSystemReader(datasets.filesystem(url)[1])
-    return _FsspecReader(url)
-
-
-# --------------------------------------------------------------------------------------------
-# Nothing unpickles. DCP stores three kinds of serialized objects; each is read without running code:
-# - ``.metadata``: a pickle of DCP's own dataclasses. Read by an unpickler that admits only those
-#   classes, torch dtypes, torch.Size, layouts and paths (what torch 2.13 writes).
-# - tensor items in ``__<rank>_<n>.distcp``: DCP itself reads them with torch.load(weights_only=True).
-# - non-tensor items (optimizer param groups, step counters, the loader's position): DCP would
-#   torch.save / torch.load(weights_only=False) them; our planners store them as tagged JSON instead.
-
-
-class UnsafeCheckpointError(datasets.DatasetError):
-    """A checkpoint file holds something smelt will not deserialize (a pickle payload, or a foreign format)."""
-
-
-_METADATA_CLASSES = {
-    *(("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),  # turns "torch.strided" into the layout object
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _METADATA_CLASSES:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise UnsafeCheckpointError(f"{module}.{name}")
-
-
-def read_dcp_metadata(stream: IO[bytes], where: str) -> Metadata:
-    """DCP's ``.metadata`` without running code: anything but DCP's own classes is refused."""
-    try:
-        metadata = _MetadataUnpickler(stream).load()
-    except UnsafeCheckpointError as e:
-        raise UnsafeCheckpointError(f"{where} refers to {e}, which is not part of DCP's metadata; refusing to "
-                                    "load it (the file was replaced or crafted)") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
-        raise UnsafeCheckpointError(f"{where} is not DCP metadata ({type(e).__name__}: {e})") from None
-    if not isinstance(metadata, Metadata):
-        raise UnsafeCheckpointError(f"{where} holds a {type(metadata).__name__}, not DCP metadata")
-    return metadata
-
-
-class _SafeMetadataReader:
-    """Mixin for DCP's readers: ``.metadata`` through ``read_dcp_metadata``, read once and cached.
-
-    No ``**kwargs``: DCP then never falls back to per-rank ``__<rank>.metadata`` files, which smelt never writes.
-    """
-
-    _cached: Metadata | None = None
-
-    def read_metadata(self) -> Metadata:
-        if self._cached is None:
-            path = self._get_metadata_path()
-            with self.fs.create_stream(path, "rb") as stream:
-                metadata = read_dcp_metadata(stream, str(path))
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            self._cached = metadata
-        return self._cached
-
-
-class _FileSystemReader(_SafeMetadataReader, dcp.FileSystemReader):
-    pass
-
-
-class _FsspecReader(_SafeMetadataReader, FsspecReader):
-    pass
-
-
-_JSON_MAGIC = b"smelt-json-1\n"
-_TUPLE = "__tuple__"
-
-
-def _to_json(value: Any, fqn: str) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        items = [_to_json(v, fqn) for v in value]
-        return {_TUPLE: items} if isinstance(value, tuple) else items
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value) and _TUPLE not in value:
-        return {k: _to_json(v, fqn) for k, v in value.items()}
-    raise TypeError(f"checkpoint state {fqn!r} holds a {type(value).__name__}; non-tensor state must be plain "
-                    "numbers, strings, booleans, None, lists, tuples or string-keyed dicts (it is stored as JSON)")
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    if isinstance(value, dict):
-        if set(value) == {_TUPLE}:
-            return tuple(_from_json(v) for v in value[_TUPLE])
-        return {k: _from_json(v) for k, v in value.items()}
-    return value
-
-
-def encode_object(value: Any, fqn: str) -> bytes:
-    return _JSON_MAGIC + json.dumps(_to_json(value, fqn)).encode()
-
-
-def decode_object(data: bytes, fqn: str) -> Any:
-    """A non-tensor checkpoint item; anything not written by ``encode_object`` is refused, never unpickled."""
-    if not data.startswith(_JSON_MAGIC):
-        raise UnsafeCheckpointError(f"checkpoint item {fqn!r} is not smelt's JSON (a pickled object from torch.save, "
-                                    "or a crafted file); refusing to unpickle it")
-    try:
-        return _from_json(json.loads(data[len(_JSON_MAGIC):]))
-    except ValueError as e:
-        raise UnsafeCheckpointError(f"checkpoint item {fqn!r} is not valid JSON ({e})") from None
-
-
 class SavePlanner(DefaultSavePlanner):
     """DCP's default save plan, with non-tensor values written as JSON instead of torch.save pickles."""
 
@@ -237,185 +101,6 @@ class SavePlanner(DefaultSavePlanner):
         if write_item.type == WriteItemType.BYTE_IO:
             return io.BytesIO(encode_object(object, write_item.index.fqn))
         return object
-
-
-class LoadPlanner(DefaultLoadPlanner):
-    """DCP's default load plan, with non-tensor values read by ``decode_object`` (never torch.load)."""
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        fqn = read_item.dest_index.fqn
-        obj = decode_object(value.getvalue(), fqn)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
-        else:
-            self.state_dict[fqn] = obj
-
-
-def load_state(state_dict: dict, url: str, *, process_group=None, no_dist: bool = True) -> None:
-    """``dcp.load`` of ``url`` into ``state_dict`` with nothing unpickled; refusals raise UnsafeCheckpointError.
-
-    The one way smelt reads a checkpoint's DCP files (resume, rollback, export, eval).
-    """
-    reader = storage_reader(url)
-    reader.read_metadata()  # refuses a crafted .metadata before DCP's collectives start
-    try:
-        dcp.load(state_dict, storage_reader=reader, planner=LoadPlanner(), process_group=process_group,
-                 no_dist=no_dist)
-    except CheckpointException as e:
-        for exc, _ in e.failures.values():
-            if isinstance(exc, UnsafeCheckpointError):
-                raise UnsafeCheckpointError(str(exc)) from None
-            if isinstance(exc, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a tensor item
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise UnsafeCheckpointError(f"checkpoint {url}: a tensor file holds more than tensors, refusing "
-                                            f"it ({first})") from None
-        raise
-
-
-def relative_step(step: int) -> str:
-    """A step's folder relative to its run folder: what manifests record, so a moved run still resolves."""
-    return f"{CHECKPOINTS_DIR}/step-{step:08d}"
-
-
-def run_dir_of(step_url: str) -> str:
-    """``<run>/checkpoints/step-NNNNNNNN`` → ``<run>``."""
-    url = datasets.normalize_url(step_url).rstrip("/")
-    parent, _, name = url.rpartition("/")
-    if not _STEP_DIR.match(name) or not parent.endswith(f"/{CHECKPOINTS_DIR}"):
-        raise datasets.DatasetError(f"{step_url} is not a checkpoint folder (<run>/{CHECKPOINTS_DIR}/step-NNNNNNNN)")
-    return parent.rpartition("/")[0]
-
-
-def named_checkpoint(run_manifest: datasets.Manifest) -> str:
-    """The checkpoint a finished run's manifest names, resolved against where the run folder is now
-    (runs finished before paths were relative recorded an absolute URL: used as is)."""
-    ref = run_manifest.meta["checkpoint"]
-    return datasets.normalize_url(ref) if "://" in ref else datasets.join(run_manifest.meta["url"], ref)
-
-
-def resolve(url: str) -> str:
-    """A verified step URL from a step URL, a finished run (the checkpoint it names) or a run folder (its newest good one).
-
-    Raises DatasetError when the named checkpoint fails verification: a truncated or altered final
-    checkpoint is never handed on as the run's result.
-    """
-    url = datasets.normalize_url(url)
-    manifest = datasets.read_manifest(url)
-    if manifest is not None and manifest.kind == KIND:
-        step = url
-    elif manifest is not None and "checkpoint" in manifest.meta:
-        step = named_checkpoint(manifest)
-    else:
-        committed = list_committed(url)
-        if not committed:
-            raise datasets.DatasetError(f"{url} is neither a committed checkpoint nor a run directory with one; "
-                                        "pass a step-NNNNNNNN URL or the run directory")
-        return committed[-1]["url"]  # list_committed verified it
-    problems = verify_checkpoint(step)
-    if problems:
-        raise datasets.DatasetError(f"checkpoint {step} fails verification: {'; '.join(problems)}")
-    return step
-
-
-def finished_run(run_dir_url: str) -> datasets.Manifest | None:
-    """The finished run's manifest if the checkpoint it names verifies; None if the run must (re)train.
-
-    A finished run whose final checkpoint was truncated or altered is logged and reported unfinished:
-    relaunching it resumes from the newest good checkpoint and writes the final one again.
-    """
-    manifest = datasets.read_manifest(run_dir_url)
-    if manifest is None or "checkpoint" not in manifest.meta:
-        return manifest
-    problems = verify_checkpoint(named_checkpoint(manifest))
-    if problems:
-        log.warning("finished run %s names a bad checkpoint (%s); training again from the newest good one",
-                    manifest.meta["url"], "; ".join(problems))
-        return None
-    return manifest
-
-
-def _step_dirs(run_dir_url: str) -> dict[int, str]:
-    """``step -> url`` of every ``step-NNNNNNNN`` folder, committed or not."""
-    root = checkpoints_url(run_dir_url)
-    fs, path = datasets.filesystem(root)
-    if not fs.exists(path):
-        return {}
-    out = {}
-    for entry in fs.ls(path, detail=False):
-        match = _STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
-        if match:
-            out[int(match.group(1))] = datasets.join(root, match.group(0))
-    return dict(sorted(out.items()))
-
-
-def _is_committed(url: str) -> bool:
-    fs, path = datasets.filesystem(datasets.join(url, datasets.MANIFEST))
-    return fs.exists(path)
-
-
-# --------------------------------------------------------------------------------------------
-# Verification
-
-
-def _checkpoint_problems(url: str, part: int = 0, parts: int = 1, checksums: bool = True) -> list[str]:
-    """Problems of one checkpoint; files are split ``part`` of ``parts`` so ranks share the hashing."""
-    url = datasets.normalize_url(url)
-    try:
-        manifest = datasets.read_manifest(url)
-    except (ValueError, TypeError, KeyError) as e:  # truncated or hand-edited manifest.json
-        return [f"{url}: unreadable {datasets.MANIFEST} ({e})"]
-    if manifest is None:
-        return [f"{url}: no {datasets.MANIFEST} (the save did not commit)"]
-    if manifest.kind != KIND:
-        return [f"{url}: manifest kind is {manifest.kind!r}, not {KIND!r}"]
-    if DCP_METADATA not in {s.name for s in manifest.shards}:
-        return [f"{url}: manifest does not list DCP's {DCP_METADATA}"]
-    problems = []
-    for shard in manifest.shards[part::parts]:
-        fs, path = datasets.filesystem(datasets.join(url, shard.name))
-        if not fs.exists(path):
-            problems.append(f"{url}/{shard.name}: missing")
-        elif fs.size(path) != shard.bytes:
-            problems.append(f"{url}/{shard.name}: {fs.size(path)} bytes, manifest says {shard.bytes}")
-        elif checksums and datasets.file_checksum(fs, path, shard.checksum) != shard.checksum:
-            problems.append(f"{url}/{shard.name}: checksum differs from the manifest")
-    return problems
-
-
-def verify_checkpoint(step_url: str, *, checksums: bool = True) -> list[str]:
-    """Problems found in one ``step-NNNNNNNN`` checkpoint (empty: committed and intact).
-
-    ``checksums=False`` checks the manifest, file presence and sizes only: cheap enough to poll.
-    """
-    return _checkpoint_problems(step_url, checksums=checksums)
-
-
-def _summary(step: int, url: str, meta: Mapping[str, Any], fingerprint: str) -> dict[str, Any]:
-    return {
-        "step": step,
-        "url": url,
-        "tokens": meta.get("tokens"),
-        "loss": meta.get("loss"),
-        "world_size": meta.get("world_size"),
-        "config_fingerprint": fingerprint,
-    }
-
-
-def list_committed(run_dir_url: str, *, checksums: bool = True) -> list[dict[str, Any]]:
-    """Verified checkpoints of a run, newest last: ``{step, url, tokens, loss, world_size, config_fingerprint}``.
-
-    Bad checkpoints are logged and left out. With ``checksums`` (default) every file is hashed;
-    pollers may pass False to check presence and sizes only.
-    """
-    out = []
-    for step, url in _step_dirs(run_dir_url).items():
-        problems = verify_checkpoint(url, checksums=checksums)
-        if problems:
-            log.warning("checkpoint %s skipped: %s", url, "; ".join(problems))
-            continue
-        manifest = datasets.read_manifest(url)
-        out.append(_summary(step, url, manifest.meta, manifest.fingerprint))
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -743,8 +428,8 @@ class CheckpointManager:
         Uncommitted folders of older steps are crashed saves; any folder of a later step belongs to
         a trajectory this run abandoned (it resumed or rolled back to an earlier step).
         """
-        dirs = _step_dirs(self.run_dir_url)
-        committed = [s for s, url in dirs.items() if s <= newest and _is_committed(url)]
+        dirs = step_dirs(self.run_dir_url)
+        committed = [s for s, url in dirs.items() if s <= newest and is_committed(url)]
         keep = set(committed[-self.cfg.keep_last:])
         if self.cfg.keep_every > 0:
             keep |= {s for s in committed if s % self.cfg.keep_every == 0}
@@ -765,7 +450,7 @@ class CheckpointManager:
     def latest_step(self) -> int | None:
         """Newest step whose manifest verifies; ranks share the hashing. Bad ones are logged and skipped."""
         self._finish_pending()
-        newest_first = sorted(_step_dirs(self.run_dir_url).items(), reverse=True) if self.rank == 0 else None
+        newest_first = sorted(step_dirs(self.run_dir_url).items(), reverse=True) if self.rank == 0 else None
         candidates = self._broadcast(newest_first)  # one listing: stores may list differently per host
         for step, url in candidates:
             if self._good(url):
@@ -805,7 +490,7 @@ class CheckpointManager:
         return manifest.meta
 
     def _good(self, url: str) -> bool:
-        problems = _checkpoint_problems(url, self.rank, self.world_size)
+        problems = checkpoint_problems(url, self.rank, self.world_size)
         if self._distributed and self.world_size > 1:
             gathered: list = [None] * self.world_size
             dist.all_gather_object(gathered, problems, group=self._group)

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from tasks import datasets
+from tasks import checkpoints, datasets
 from tasks.model_config import ModelConfig
-from tasks.train import checkpoint, hf
+from tasks.train import hf
 
 log = logging.getLogger(__name__)
 
@@ -44,42 +44,6 @@ FORMAT = "smelt-hf-llama-1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_SHARD_BYTES = 5 * 10**9
-
-
-def resolve_checkpoint(url: str) -> str:
-    """A verified step URL from a step URL, a finished run (its final checkpoint) or a run directory (newest good one)."""
-    return checkpoint.resolve(url)
-
-
-def _model_entries(step_url: str) -> tuple[dict[str, Any], str, dict[str, TensorStorageMetadata]]:
-    """A verified checkpoint's manifest meta, the prefix of its model keys, and the model tensors'
-    metadata under the model's own FQNs (read from DCP's metadata file: no tensor is loaded)."""
-    step_url = datasets.normalize_url(step_url)
-    problems = checkpoint.verify_checkpoint(step_url)
-    if problems:
-        raise datasets.DatasetError(f"checkpoint {step_url} cannot be exported: {'; '.join(problems)}")
-    manifest = datasets.read_manifest(step_url)
-    prefix = manifest.meta.get("model_prefix")
-    if not prefix:
-        raise datasets.DatasetError(f"checkpoint {step_url} does not record where the model weights are "
-                                    "(meta 'model_prefix'); save it under app_state['model'] or pass meta model_prefix")
-    entries = checkpoint.storage_reader(step_url).read_metadata().state_dict_metadata
-    model = {key[len(prefix):]: md for key, md in entries.items()
-             if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
-    if not model:
-        raise datasets.DatasetError(f"checkpoint {step_url} holds no tensors under {prefix!r}")
-    return manifest.meta, prefix, model
-
-
-def load_consolidated(step_url: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Full (unsharded) model weights of a verified checkpoint under the model's own FQNs, and its manifest meta.
-
-    One process, no process group; the model config the trainer saved is ``meta["model"]``.
-    """
-    meta, prefix, entries = _model_entries(step_url)
-    weights = {prefix + key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in entries.items()}
-    checkpoint.load_state(weights, datasets.normalize_url(step_url))
-    return {key[len(prefix):]: tensor for key, tensor in weights.items()}, meta
 
 
 def _plan_shards(entries: dict[str, TensorStorageMetadata], names: list[str], dtype: torch.dtype | None,
@@ -149,8 +113,8 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
     if max_shard_bytes <= 0:
         raise ValueError("the export's max shard size must be positive")
     out_dtype = DTYPES[dtype] if dtype else None
-    step_url = resolve_checkpoint(checkpoint_url)
-    meta, prefix, entries = _model_entries(step_url)
+    step_url = checkpoints.resolve(checkpoint_url)
+    meta, prefix, entries = checkpoints.model_entries(step_url)
     if not isinstance(meta.get("model"), dict):
         raise datasets.DatasetError(f"checkpoint {step_url} has no model config ('model') in its manifest meta; "
                                     "the trainer must save meta={'model': dataclasses.asdict(model_cfg), ...}")
@@ -170,7 +134,7 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
     for i, group in enumerate(groups):
         file = _shard_file(i, len(groups))
         part = {prefix + n: torch.empty(entries[n].size, dtype=entries[n].properties.dtype) for n in group}
-        checkpoint.load_state(part, step_url)
+        checkpoints.load_state(part, step_url)
         tensors = {}
         for n in group:
             key, value = hf.to_hf(n, part.pop(prefix + n).to(final_dtype), model_cfg.head_dim)
@@ -203,7 +167,7 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
     smelt_meta = {
         "format": FORMAT, "model": meta["model"], "step": meta.get("step"), "tokens": meta.get("tokens"),
         "dtype": hf.TORCH_DTYPES[final_dtype], "params": params, "checkpoint": step_url,
-        "run": checkpoint.run_dir_of(step_url),
+        "run": checkpoints.run_dir_of(step_url),
         "config_fingerprint": meta.get("config_fingerprint"), "data": meta.get("data"),
         "tokens_dataset": tokens.meta["url"] if tokens else None,
         "tokens_fingerprint": tokens.fingerprint if tokens else None,

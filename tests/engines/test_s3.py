@@ -17,9 +17,9 @@ import fsspec
 import pytest
 
 from tasks import datasets, jsonlog
+from tasks.checkpoints import list_committed
 from tasks.objectstore import StoreError, preflight
 from tasks.sample.crawl import write_sample_crawl
-from tasks.train.checkpoint import list_committed
 from tasks.train.export import export_checkpoint
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import launch_torchrun

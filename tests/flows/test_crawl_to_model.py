@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks import datasets
+from tasks.checkpoints import list_committed
 from tasks.dedup.normalize import normalize_text
 from tasks.sample.code import load_code_ground_truth
 from tasks.sample.crawl import load_ground_truth
-from tasks.train.checkpoint import list_committed
 
 pytestmark = pytest.mark.slow
 

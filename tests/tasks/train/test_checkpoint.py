@@ -21,14 +21,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
 from tasks import datasets
-from tasks.train.checkpoint import (
-    CheckpointManager,
-    ModelOptimState,
-    RNGState,
-    list_committed,
-    step_url,
-    verify_checkpoint,
-)
+from tasks.checkpoints import list_committed, step_url, verify_checkpoint
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import CheckpointConfig
 
 REPO = Path(__file__).resolve().parents[3]
@@ -512,7 +506,7 @@ def test_fsdp_checkpoint_reshards_from_one_rank_to_two_and_back(tmp_path):
 
 
 def test_a_step_folder_names_its_run_folder_and_anything_else_is_refused():
-    from tasks.train.checkpoint import relative_step, run_dir_of
+    from tasks.checkpoints import relative_step, run_dir_of
 
     assert run_dir_of("s3://bucket/runs/a/checkpoints/step-00000004/") == "s3://bucket/runs/a"
     assert relative_step(4) == "checkpoints/step-00000004"

@@ -15,11 +15,12 @@ import torch
 from torch import nn
 
 from tasks import datasets
+from tasks.checkpoints import load_consolidated, step_url
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState, step_url
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import CheckpointConfig
-from tasks.train.export import export_checkpoint, load_consolidated, load_exported, main, parse_size
+from tasks.train.export import export_checkpoint, load_exported, main, parse_size
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

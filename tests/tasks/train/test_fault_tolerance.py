@@ -20,8 +20,7 @@ import psutil
 import pytest
 import torch
 
-from tasks.train.checkpoint import list_committed
-from tasks.train.export import load_consolidated
+from tasks.checkpoints import list_committed, load_consolidated
 from tasks.train.faults import fired_faults
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import excluded_hosts, free_port, launch_torchrun, prepare_run, start_torchrun

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tasks import datasets
+from tasks.checkpoints import step_url
 from tasks.eval.evaluate import probe
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
@@ -20,7 +21,7 @@ from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.stage import run_tokenize
 from tasks.tokenize.tokenizer import load_tokenizer, train_tokenizer
 from tasks.train import hf
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, step_url
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState
 from tasks.train.config import CheckpointConfig
 from tasks.train.export import export_checkpoint, load_exported
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.train.checkpoint import list_committed
+from tasks.checkpoints import list_committed
 from tasks.train.launch import LaunchError, check_not_excluded, launch_torchrun, torchrun_command
 from tests.tasks.train.token_corpus import make_corpus
 

@@ -10,12 +10,11 @@ import math
 import pytest
 import torch
 
+from tasks.checkpoints import list_committed, load_consolidated
 from tasks.config import from_dict, merge_overrides
-from tasks.train.checkpoint import list_committed
 from tasks.train.config import LossGuardConfig, TrainConfig
 from tasks.train.data import TokenLoader
-from tasks.train.export import load_consolidated
-from tasks.train.loss_guard import LossGuard, SkippedRange, SkipList, robust_z, skip_window
+from tasks.train.loss_guard import LossGuard, SkipList, SkippedRange, robust_z, skip_window
 from tasks.train.trainer import Trainer
 from tests.tasks.train.token_corpus import make_corpus
 

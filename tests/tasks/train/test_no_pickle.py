@@ -19,12 +19,12 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tasks import datasets
+from tasks import checkpoints, datasets
+from tasks.checkpoints import UnsafeCheckpointError, step_url
 from tasks.eval.evaluate import load_model
 from tasks.llama import Transformer
 from tasks.model_config import preset
-from tasks.train import checkpoint
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, UnsafeCheckpointError, step_url
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState, storage_writer
 from tasks.train.config import CheckpointConfig
 from tasks.train.export import export_checkpoint
 
@@ -88,7 +88,7 @@ def rewrite_manifest(folder: Path) -> None:
         shard["bytes"] = fs.size(file)
         shard["checksum"] = datasets.file_checksum(fs, file, shard["checksum"])
     path.write_text(json.dumps(manifest))
-    assert not checkpoint.verify_checkpoint(str(folder)), "the forged checkpoint must pass verification"
+    assert not checkpoints.verify_checkpoint(str(folder)), "the forged checkpoint must pass verification"
 
 
 def assert_every_loader_refuses(run_dir: Path, folder: Path, marker: Path, match: str, *,
@@ -125,7 +125,7 @@ def test_metadata_smuggling_a_payload_inside_real_metadata_is_refused(tmp_path):
     run_dir, marker = tmp_path / "run", tmp_path / "pwned"
     folder = saved(run_dir)
     with open(folder / ".metadata", "rb") as f:
-        metadata = checkpoint.read_dcp_metadata(f, "test")
+        metadata = checkpoints.read_dcp_metadata(f, "test")
     metadata.planner_data = {"x": Payload(marker)}
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
     rewrite_manifest(folder)
@@ -137,7 +137,7 @@ def test_a_payload_in_a_non_tensor_item_is_refused(tmp_path):
     run_dir, marker = tmp_path / "run", tmp_path / "pwned"
     folder = saved(run_dir)
     state = {"model_optim": app_state()["model_optim"].state_dict(), "train": {"step": Payload(marker), "tokens": 8}}
-    dcp.save(state, storage_writer=checkpoint.storage_writer(str(folder)), no_dist=True)  # the default planner
+    dcp.save(state, storage_writer=storage_writer(str(folder)), no_dist=True)  # the default planner
     assert not marker.exists()  # pickling it did not run it
     rewrite_manifest(folder)
     assert_every_loader_refuses(run_dir, folder, marker, "is not smelt's JSON", weights_read=False)
@@ -151,7 +151,7 @@ def test_a_payload_in_a_tensor_item_is_refused(tmp_path):
     run_dir, marker = tmp_path / "run", tmp_path / "pwned"
     folder = saved(run_dir)
     with open(folder / ".metadata", "rb") as f:
-        metadata = checkpoint.read_dcp_metadata(f, "test")
+        metadata = checkpoints.read_dcp_metadata(f, "test")
     index = next(i for i in metadata.storage_data if i.fqn.startswith("model_optim.model."))
     info = metadata.storage_data[index]
     data_file = folder / info.relative_path

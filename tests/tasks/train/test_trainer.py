@@ -10,13 +10,12 @@ import shutil
 import pytest
 import torch
 
-from tasks import datasets
+from tasks import checkpoints, datasets
+from tasks.checkpoints import list_committed
 from tasks.config import from_dict, merge_overrides
 from tasks.eval.evaluate import load_model
 from tasks.model_config import preset
-from tasks.train import checkpoint
 from tasks.train.callbacks import Callback
-from tasks.train.checkpoint import list_committed
 from tasks.train.config import DataConfig, ParallelConfig, TrainConfig
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.trainer import Trainer, config_fingerprint, describe_layout, plan_batches
@@ -169,7 +168,7 @@ def finish(run_dir) -> datasets.Manifest:
     """What the train flow commits when a launch ends: the run's manifest naming its final checkpoint."""
     final = list_committed(str(run_dir))[-1]
     return datasets.commit(str(run_dir), kind="model", fp="run-fp", shards=[], stats={},
-                           meta={"checkpoint": checkpoint.relative_step(final["step"]), "step": final["step"]})
+                           meta={"checkpoint": checkpoints.relative_step(final["step"]), "step": final["step"]})
 
 
 def test_a_moved_run_folder_resumes_and_evaluates_where_it_now_is(corpus, tmp_path):
@@ -177,7 +176,7 @@ def test_a_moved_run_folder_resumes_and_evaluates_where_it_now_is(corpus, tmp_pa
     finish(tmp_path / "old")
     shutil.move(tmp_path / "old", tmp_path / "new")
 
-    step_url = checkpoint.resolve(str(tmp_path / "new"))
+    step_url = checkpoints.resolve(str(tmp_path / "new"))
     assert step_url == datasets.normalize_url(str(tmp_path / "new" / "checkpoints" / "step-00000002"))
     model, meta = load_model(step_url)  # eval's loader
     assert meta["step"] == 2 and sum(p.numel() for p in model.parameters()) > 0
@@ -194,12 +193,12 @@ def test_a_truncated_final_checkpoint_is_never_named_as_the_result(corpus, tmp_p
     data_file = next((tmp_path / "checkpoints" / "step-00000004").glob("*.distcp"))
     data_file.write_bytes(data_file.read_bytes()[: data_file.stat().st_size // 2])
 
-    assert checkpoint.finished_run(str(tmp_path)) is None  # the flow trains again instead of reusing it
+    assert checkpoints.finished_run(str(tmp_path)) is None  # the flow trains again instead of reusing it
     with pytest.raises(datasets.DatasetError, match="step-00000004 fails verification"):
-        checkpoint.resolve(str(tmp_path))  # eval and export resolve through this
+        checkpoints.resolve(str(tmp_path))  # eval and export resolve through this
     resumed = train(corpus, tmp_path, "steps=4")  # and the relaunch rewrites it from the newest good one
-    assert resumed["resumed_from"] == 2 and not checkpoint.verify_checkpoint(
-        checkpoint.step_url(str(tmp_path), 4))
+    assert resumed["resumed_from"] == 2 and not checkpoints.verify_checkpoint(
+        checkpoints.step_url(str(tmp_path), 4))
 
 
 class Recorder(Callback):
