@@ -26,7 +26,7 @@ from tasks.checkpoints import CHECKPOINTS_DIR, load_consolidated, resolve, run_d
 from tasks.eval.config import EvalConfig
 from tasks.llama import Transformer, rope_tables
 from tasks.model_config import ModelConfig
-from tasks.train.data import TokenStream
+from tasks.tokens import TokenStream
 
 log = logging.getLogger(__name__)
 

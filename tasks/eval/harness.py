@@ -22,7 +22,7 @@ import numpy as np
 
 from tasks import datasets
 from tasks.eval.config import HarnessConfig
-from tasks.train.data import TokenStream
+from tasks.tokens import TokenStream
 
 log = logging.getLogger(__name__)
 

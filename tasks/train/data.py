@@ -18,7 +18,7 @@ Vocabulary and the rules every part below keeps:
   ``[0, n)``: no permutation is ever materialised (a few cached blocks of 8,192 draws per
   dataset, 64 KiB each), so memory does not grow with the number of samples.
 
-Shards are read through ``np.memmap`` (``tasks/tokens.py``), each verified against its manifest when
+Streams (``TokenStream``, ``tasks/tokens.py``) read shards through ``np.memmap``, each verified against its manifest when
 first mapped; shards of remote datasets are first copied (hashed on the way) into a local cache
 directory, whose copies are verified too. A background thread keeps ``prefetch`` batches ready.
 Nothing here needs torch.distributed: callers pass their data-parallel rank and size.
@@ -36,8 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tasks import datasets as contract
-from tasks import tokens as token_shards
+from tasks.tokens import TokenStream
 
 log = logging.getLogger(__name__)
 
@@ -134,65 +133,6 @@ def _route(index: np.ndarray, chain: list[_Split]) -> tuple[np.ndarray, np.ndarr
         open_ &= ~taken
     draw[open_] = m[open_]
     return dataset, draw
-
-
-# --------------------------------------------------------------------------------------------
-# One tokens dataset's split: local memory-mapped shards forming one stream.
-
-
-class TokenStream:
-    """The token stream of one split of one tokens dataset, read window by window.
-
-    Public for eval, which scores the held-out stream in order; ``samples`` counts whole windows.
-    """
-
-    def __init__(self, url: str, split: str, seq_len: int, cache_dir: str | None) -> None:
-        manifest = contract.open_dataset(url, kind="tokens")
-        self.fingerprint = manifest.fingerprint
-        self.meta = manifest.meta
-        self.dtype = np.dtype(manifest.meta["dtype"]).newbyteorder("<")
-        shards = [s for s in manifest.shards
-                  if s.extra.get("split") == split and s.name.endswith(".bin") and int(s.extra.get("tokens", s.rows))]
-        tokens = [int(s.extra.get("tokens", s.rows)) for s in shards]
-        self.total = sum(tokens)
-        self.samples = max(0, (self.total - 1) // seq_len)
-        if self.samples == 0:
-            raise ValueError(
-                f"tokens dataset {manifest.meta['url']} has {self.total} {split!r} tokens, fewer than one "
-                f"sample of seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more data"
-            )
-        self.starts = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
-        self._manifest, self._shards, self._cache_dir = manifest, shards, cache_dir
-        self._arrays: list[np.ndarray | None] = [None] * len(shards)
-
-    def _array(self, i: int) -> np.ndarray:
-        # Verified and mapped on first use: a run over thousands of shards pays for those it reads.
-        if self._arrays[i] is None:
-            path = token_shards.local_token_shard(self._manifest, self._shards[i], self._cache_dir)
-            self._arrays[i] = token_shards.map_token_shard(path, self.dtype)
-        return self._arrays[i]
-
-    def read(self, start: int, length: int, out: np.ndarray, shard: int | None = None) -> None:
-        """Copy tokens ``[start, start + length)`` of the stream into ``out`` (crossing shards if needed)."""
-        if start < 0 or start + length > self.total:
-            raise IndexError(f"tokens [{start}, {start + length}) are outside the stream of {self.total}")
-        i = int(np.searchsorted(self.starts, start, side="right")) - 1 if shard is None else shard
-        filled = 0
-        while filled < length:  # more than once only for a window that crosses a shard boundary
-            offset = start + filled - int(self.starts[i])
-            piece = self._array(i)[offset: offset + length - filled]
-            out[filled: filled + len(piece)] = piece
-            filled += len(piece)
-            i += 1
-
-    def read_windows(self, starts: np.ndarray, out: np.ndarray) -> None:
-        """Fill row ``r`` of ``out`` with the tokens from stream position ``starts[r]`` on."""
-        shards = np.searchsorted(self.starts, starts, side="right") - 1  # one vectorised lookup
-        for row, (start, shard) in enumerate(zip(starts.tolist(), shards.tolist())):
-            self.read(start, out.shape[1], out[row], shard)
-
-    def close(self) -> None:
-        self._arrays = [None] * len(self._arrays)
 
 
 class _SampleOrder:

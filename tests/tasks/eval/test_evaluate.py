@@ -7,7 +7,7 @@ import torch
 from tasks.eval.evaluate import score
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
-from tasks.train.data import TokenStream
+from tasks.tokens import TokenStream
 from tests.tasks.train.token_corpus import make_corpus
 
 

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks import datasets
-from tasks.train.data import TokenLoader, TokenStream, _chain, _route, permute
+from tasks.tokens import TokenStream
+from tasks.train.data import TokenLoader, _chain, _route, permute
 
 VOCAB = 65536
 
