@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 from tasks import datasets
 from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.stage import run_tokenize
-from tasks.tokenize.tokenizer import load_tokenizer, train_tokenizer
+from tasks.tokenize.tokenizer import train_tokenizer
+from tasks.tokenizer_files import load_tokenizer
 from tasks.train.data import TokenLoader
 
 

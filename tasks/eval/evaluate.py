@@ -135,7 +135,7 @@ def evaluate_checkpoint(checkpoint_url: str, data: dict[str, str] | None, cfg: E
     its name there). Each split is scored on its own; the top-level figures are their
     mixture-weighted total (the run's training mixture, or equal weights).
     """
-    from tasks.tokenize.tokenizer import load_tokenizer
+    from tasks.tokenizer_files import load_tokenizer
 
     start = time.perf_counter()
     step_url = resolve(checkpoint_url)

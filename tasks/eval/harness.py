@@ -114,7 +114,7 @@ def score_with_harness(step_url: str, tokens_url: str, cfg: HarnessConfig, outpu
     """Export ``step_url``, build the cloze task from ``tokens_url``'s held-out documents and score it;
     writes the task's documents, task file and results as shards of the eval dataset at ``output_url``.
     Returns ``(shards, results)``; ``results["metrics"]`` holds ``acc`` and ``perplexity``."""
-    from tasks.tokenize.tokenizer import load_tokenizer
+    from tasks.tokenizer_files import load_tokenizer
     from tasks.train.export import export_checkpoint
 
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Train a byte-level BPE tokenizer on a sample of documents, or load any ``tokenizer.json``.
+"""Train a byte-level BPE tokenizer on a sample of documents (loading one: ``tasks/tokenizer_files.py``).
 
 Byte-level BPE (ByteLevel pre-tokenizer and decoder, the 256 byte symbols as the initial alphabet,
 no normalizer) encodes any text and decodes it back byte for byte. The special tokens BOS, EOS
@@ -8,26 +8,26 @@ Special tokens are control ids, never text: a document that contains the literal
 is encoded as the bytes of that string, and only the tokenize stage inserts EOS (and BOS) ids.
 ``load_tokenizer`` (tokenize, eval) sets ``encode_special_tokens`` for that, and the Hugging Face
 tokenizer files of an export (``hf_tokenizer_files``) say the same to transformers
-(``split_special_tokens``), so training, eval and the exported tokenizer encode every text alike.
+(``split_special_tokens``), so training, eval and the exported tokenizer encode every text alike;
+both live in the shared core (``tasks/tokenizer_files.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Iterator
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tasks import datasets
 from tasks.tokenize.config import SpecialTokens, TokenizerConfig
 from tasks.tokenize.shards import document_shards, iter_row_groups
+from tasks.tokenizer_files import TOKENIZER_FILE
 
 log = logging.getLogger(__name__)
 
 TOKENIZER_STAGE = "tokenizer"  # the stage name under which flows fingerprint train_tokenizer
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def hash_fraction(seed: int, key: str) -> float:
@@ -119,69 +119,3 @@ def train_tokenizer(inputs: list[datasets.Manifest], output_url: str, cfg: Token
     log.info("trained a %d-token tokenizer on %d documents", vocab_size, stats["out"])
     meta = {"vocab_size": vocab_size, **special_ids(tokenizer, cfg)}
     return datasets.commit(output_url, "tokenizer", fingerprint, [shard], stats, inputs=list(inputs), config=cfg, meta=meta)
-
-
-def tokenizer_json_url(url: str) -> str:
-    """The ``tokenizer.json`` URL for a tokenizer or tokens dataset URL, or a ``.json`` URL itself."""
-    url = datasets.normalize_url(url)
-    if url.endswith(".json"):
-        return url
-    manifest = datasets.open_dataset(url)
-    if manifest.kind not in ("tokenizer", "tokens"):
-        raise datasets.DatasetError(f"dataset at {url} holds {manifest.kind!r}, not a tokenizer or tokens dataset")
-    return datasets.join(url, TOKENIZER_FILE)
-
-
-def load_tokenizer(url: str) -> Tokenizer:
-    """The tokenizer at a tokenizer (or tokens) dataset URL or at any ``tokenizer.json`` URL."""
-    json_url = tokenizer_json_url(url)
-    fs, path = datasets.filesystem(json_url)
-    if not fs.exists(path):
-        raise datasets.DatasetError(
-            f"no tokenizer at {json_url}; train one (`smelt tokenizer train`) or pass a tokenizer.json URL"
-        )
-    blob = fs.cat_file(path)
-    if json_url != datasets.normalize_url(url):  # inside a dataset: verified like any shard
-        manifest = datasets.open_dataset(url)
-        listed = {s.name: s.checksum for s in manifest.shards}.get(TOKENIZER_FILE)
-        expected = listed or manifest.meta.get("tokenizer_checksum")
-        if expected and datasets.bytes_checksum(blob, expected) != expected:
-            raise datasets.DatasetError(f"{json_url} does not match the checksum its dataset records: "
-                                        "the dataset is corrupt; re-run the stage that wrote it")
-    try:
-        tokenizer = Tokenizer.from_str(blob.decode("utf-8"))
-    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
-        raise datasets.DatasetError(f"{json_url} is not a valid tokenizer.json: {e}") from e
-    tokenizer.encode_special_tokens = True
-    return tokenizer
-
-
-def hf_tokenizer_files(tokenizer_json: str, *, bos_id: int | None, eos_id: int, pad_id: int | None,
-                       add_bos: bool, max_length: int) -> dict[str, bytes]:
-    """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` for transformers.
-
-    The roles (bos/eos/pad) come from the tokens dataset's ids. ``split_special_tokens`` keeps
-    special-token strings in text as text, as ``load_tokenizer`` does; a BOS-prefixed corpus
-    (``add_bos``) gets a post-processor that prepends BOS, so ``tokenizer(text)`` matches training.
-    """
-    tokenizer = Tokenizer.from_str(tokenizer_json)
-    roles = {role: tokenizer.id_to_token(i) for role, i in (("bos_token", bos_id), ("eos_token", eos_id),
-                                                             ("pad_token", pad_id)) if i is not None}
-    if add_bos and bos_id is not None:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{roles['bos_token']} $A", pair=f"{roles['bos_token']} $A $B",
-            special_tokens=[(roles["bos_token"], bos_id)])
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        **roles,
-        "split_special_tokens": True,
-        "add_bos_token": bool(add_bos),
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": max_length,
-    }
-    return {
-        TOKENIZER_FILE: tokenizer.to_str().encode("utf-8"),
-        "tokenizer_config.json": json.dumps(config, indent=2).encode(),
-        "special_tokens_map.json": json.dumps(roles, indent=2).encode(),
-    }

@@ -8,7 +8,8 @@ The export is a dataset (kind ``model``) at the output URL, written shard by sha
   (``tasks/train/hf.py``); tied embeddings are written once;
 - ``config.json`` (``LlamaForCausalLM``) and ``generation_config.json``;
 - ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json`` from the run's tokens
-  dataset (``tasks/tokenize/tokenizer.py`` decides what special tokens mean);
+  dataset (``tasks/tokenizer_files.py`` writes them; ``tasks/tokenize/tokenizer.py`` says what special
+  tokens mean);
 - ``smelt_meta.json``: smelt's own record (run, step, tokens, checkpoint, data lineage, model shape).
 
 The weights stream from the DCP checkpoint one output shard at a time (only the model's keys,
@@ -154,7 +155,7 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
         hf.CONFIG: _json_bytes(hf.hf_config(model_cfg, dtype=final_dtype, **ids)),
         hf.GENERATION_CONFIG: _json_bytes(hf.generation_config(**ids)),
     }
-    from tasks.tokenize.tokenizer import TOKENIZER_FILE, hf_tokenizer_files
+    from tasks.tokenizer_files import TOKENIZER_FILE, hf_tokenizer_files
 
     fs, path = datasets.filesystem(datasets.join(tokens.meta["url"], TOKENIZER_FILE)) if tokens else (None, None)
     if tokens is not None and fs.exists(path):

@@ -161,7 +161,7 @@ def test_the_verified_reader_checks_partial_reads_and_seeks_too(tmp_path):
 
 
 def test_a_corrupt_tokenizer_inside_a_dataset_is_refused(tmp_path, docs, tokenizer_url):
-    from tasks.tokenize.tokenizer import load_tokenizer
+    from tasks.tokenizer_files import load_tokenizer
 
     tokens = run_tokenize([docs], tokenizer_url, str(tmp_path / "tokens"), TokenizeConfig(), fingerprint="tk")
     for folder in ("tokenizer", "tokens"):

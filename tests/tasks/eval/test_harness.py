@@ -16,7 +16,7 @@ from tasks import datasets  # noqa: E402
 from tasks.eval.config import HarnessConfig  # noqa: E402
 from tasks.eval.evaluate import load_model  # noqa: E402
 from tasks.eval.harness import cloze_items, held_out_documents, score_with_harness  # noqa: E402
-from tasks.tokenize.tokenizer import load_tokenizer  # noqa: E402
+from tasks.tokenizer_files import load_tokenizer  # noqa: E402
 from tests.tasks.train.test_hf import make_tokens, train_small  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning",

@@ -11,9 +11,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from tasks import datasets
 from tasks.tokenize.config import TokenizeConfig
-from tasks.tokens import iter_token_documents, read_token_shard
 from tasks.tokenize.stage import run_tokenize
-from tasks.tokenize.tokenizer import load_tokenizer
+from tasks.tokenizer_files import load_tokenizer
+from tasks.tokens import iter_token_documents, read_token_shard
 from tasks.train.data import TokenLoader
 from tests.tasks.tokenize.conftest import TEXTS, write_documents
 

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from tasks import datasets
 from tasks.tokenize.config import SpecialTokens, TokenizerConfig
-from tasks.tokenize.tokenizer import load_tokenizer, special_ids, train_tokenizer
+from tasks.tokenize.tokenizer import special_ids, train_tokenizer
+from tasks.tokenizer_files import load_tokenizer
 from tests.tasks.tokenize.conftest import TEXTS, write_documents
 
 
@@ -83,7 +84,7 @@ def test_hugging_face_tokenizer_files_give_roles_and_keep_special_token_text_as_
 
     from tokenizers import Tokenizer
 
-    from tasks.tokenize.tokenizer import hf_tokenizer_files
+    from tasks.tokenizer_files import hf_tokenizer_files
 
     blob = datasets.filesystem(datasets.shard_url(tokenizer_dataset, "tokenizer.json"))[0].cat_file(
         datasets.filesystem(datasets.shard_url(tokenizer_dataset, "tokenizer.json"))[1]).decode()

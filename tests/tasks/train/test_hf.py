@@ -19,7 +19,8 @@ from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
 from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.stage import run_tokenize
-from tasks.tokenize.tokenizer import load_tokenizer, train_tokenizer
+from tasks.tokenize.tokenizer import train_tokenizer
+from tasks.tokenizer_files import load_tokenizer
 from tasks.train import hf
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState
 from tasks.train.config import CheckpointConfig
