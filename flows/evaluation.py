@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import tempfile
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_table_artifact
@@ -20,12 +21,13 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import StageOutcome, artifact_key, planned_output
 from tasks import datasets
+from tasks.checkpoints import resolve as resolve_checkpoint
 from tasks.config import from_dict
 from tasks.eval.config import EvalConfig
 from tasks.eval.evaluate import checkpoint_identity, evaluate_checkpoint, run_dir_of, step_of
 from tasks.eval.harness import score_with_harness
 from tasks.eval.report import plot_losses, read_metrics, results_table, run_evaluations, validation_curves
-from tasks.checkpoints import resolve as resolve_checkpoint
+from tasks.train.export import export_checkpoint
 
 STAGE = "eval"
 REPORT = "report.json"
@@ -140,7 +142,9 @@ def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str,
     stats.update({f"{n}.{k}": s[k] for n, s in splits.items() for k in FIGURES})
     # -- lm-evaluation-harness on the Hugging Face export, when eval.harness.enabled (tasks/eval/harness.py) --
     if cfg.harness.enabled:
-        harness_shards, harness = score_with_harness(step_url, next(iter(sources.values())), cfg.harness, url)
+        with tempfile.TemporaryDirectory(prefix="smelt-export-") as export_dir:  # the harness scores the HF export
+            export_checkpoint(step_url, export_dir, dtype="fp32")
+            harness_shards, harness = score_with_harness(export_dir, next(iter(sources.values())), cfg.harness, url)
         shards += harness_shards
         stats.update({f"harness.{k}": v for k, v in harness["metrics"].items()})
         meta["harness"] = harness

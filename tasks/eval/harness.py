@@ -4,8 +4,9 @@ held-out documents, so the harness runs offline and the score is comparable acro
 The task is last-word cloze (LAMBADA's form): each of the first ``docs`` held-out documents with
 enough words is cut after a purely alphabetic word; the harness scores the log-likelihood of
 `` word`` after the text before it, and whether greedy decoding gives exactly that word (``acc``).
-The checkpoint is exported to a Hugging Face folder (``tasks/train/export.py``) that the harness
-loads with transformers, the same path users take; nothing is downloaded.
+The harness scores the checkpoint's Hugging Face export (a ``model`` dataset that
+``tasks/train/export.py`` writes; the eval flow exports before it calls this stage), loaded with
+transformers, the same path users take; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -110,14 +111,20 @@ def run_harness(model_dir: str | Path, items: list[dict], workdir: Path, batch_s
     return {metric: float(raw[metric]) for metric in METRICS}
 
 
-def score_with_harness(step_url: str, tokens_url: str, cfg: HarnessConfig, output_url: str) -> tuple[list, dict]:
-    """Export ``step_url``, build the cloze task from ``tokens_url``'s held-out documents and score it;
-    writes the task's documents, task file and results as shards of the eval dataset at ``output_url``.
+def score_with_harness(export_url: str, tokens_url: str, cfg: HarnessConfig, output_url: str) -> tuple[list, dict]:
+    """Build the cloze task from ``tokens_url``'s held-out documents and score the Hugging Face export at
+    ``export_url`` (on the local filesystem: transformers loads it from there); writes the task's documents,
+    task file and results as shards of the eval dataset at ``output_url``.
     Returns ``(shards, results)``; ``results["metrics"]`` holds ``acc`` and ``perplexity``."""
     from tasks.tokenizer_files import load_tokenizer
-    from tasks.train.export import export_checkpoint
 
     start = time.perf_counter()
+    export = datasets.open_dataset(export_url, kind="model")
+    if not export.meta["url"].startswith("file://"):
+        raise datasets.DatasetError(f"the harness loads the export {export.meta['url']} with transformers from "
+                                    "local disk; export the checkpoint to a local folder")
+    model_dir = datasets.filesystem(export.meta["url"])[1]
+    step_url = export.meta["checkpoint"]
     tokenizer = load_tokenizer(tokens_url)
     texts = [tokenizer.decode(doc) for doc in held_out_documents(tokens_url, cfg.max_tokens)]
     items = cloze_items(texts, cfg)
@@ -126,8 +133,7 @@ def score_with_harness(step_url: str, tokens_url: str, cfg: HarnessConfig, outpu
                                     f"{cfg.min_words} words for the harness's cloze task")
     with tempfile.TemporaryDirectory(prefix="smelt-harness-") as tmp:
         workdir = Path(tmp)
-        export_checkpoint(step_url, str(workdir / "export"), dtype="fp32")
-        metrics = run_harness(workdir / "export", items, workdir, cfg.batch_size)
+        metrics = run_harness(model_dir, items, workdir, cfg.batch_size)
         task_file = (workdir / "tasks" / TASK_FILE).read_bytes()
     results = {"task": TASK, "items": len(items), "metrics": metrics, "model": "hf", "checkpoint": step_url,
                "data": tokens_url, "config": asdict(cfg), "seconds": round(time.perf_counter() - start, 2)}

@@ -17,6 +17,7 @@ from tasks.eval.config import HarnessConfig  # noqa: E402
 from tasks.eval.evaluate import load_model  # noqa: E402
 from tasks.eval.harness import cloze_items, held_out_documents, score_with_harness  # noqa: E402
 from tasks.tokenizer_files import load_tokenizer  # noqa: E402
+from tasks.train.export import export_checkpoint  # noqa: E402
 from tests.tasks.train.test_hf import make_tokens, train_small  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning",
@@ -49,11 +50,12 @@ def test_lm_eval_scores_the_export_and_writes_its_results_into_the_eval_dataset(
     run = train_small(tokens, str(tmp_path / "run"), steps=12)
     step_url = datasets.normalize_url(run) + "/checkpoints/step-00000012"
     cfg = HarnessConfig(enabled=True, docs=12, min_words=6, max_words=24, batch_size=4)
-    shards, results = score_with_harness(step_url, tokens, cfg, str(tmp_path / "eval"))
+    export_checkpoint(step_url, str(tmp_path / "export"), dtype="fp32")  # what the eval flow does first
+    shards, results = score_with_harness(str(tmp_path / "export"), tokens, cfg, str(tmp_path / "eval"))
 
     assert {s.name for s in shards} == {"harness.json", "harness_task.yaml", "harness_cloze.jsonl"}
     assert json.loads((tmp_path / "eval" / "harness.json").read_text())["metrics"] == results["metrics"]
-    assert results["items"] == 12 and results["model"] == "hf"
+    assert results["items"] == 12 and results["model"] == "hf" and results["checkpoint"] == step_url
     tokenizer = load_tokenizer(tokens)
     texts = [tokenizer.decode(d) for d in held_out_documents(tokens, cfg.max_tokens)]
     items = cloze_items(texts, cfg)
