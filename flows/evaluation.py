@@ -21,10 +21,10 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import StageOutcome, artifact_key, planned_output
 from tasks import datasets
-from tasks.checkpoints import resolve as resolve_checkpoint
+from tasks.checkpoints import resolve as resolve_checkpoint, run_dir_of, step_of
 from tasks.config import from_dict
 from tasks.eval.config import EvalConfig
-from tasks.eval.evaluate import checkpoint_identity, evaluate_checkpoint, run_dir_of, step_of
+from tasks.eval.evaluate import checkpoint_identity, evaluate_checkpoint
 from tasks.eval.harness import score_with_harness
 from tasks.eval.report import plot_losses, read_metrics, results_table, run_evaluations, validation_curves
 from tasks.train.export import export_checkpoint

@@ -225,6 +225,15 @@ def run_dir_of(step_url: str) -> str:
     return parent.rpartition("/")[0]
 
 
+def step_of(step_url: str) -> int | None:
+    """The step a ``<run>/checkpoints/step-NNNNNNNN`` URL names, or None for any other URL."""
+    try:
+        run_dir_of(step_url)
+    except datasets.DatasetError:
+        return None
+    return int(step_url.rstrip("/").rpartition("-")[2])
+
+
 def named_checkpoint(run_manifest: datasets.Manifest) -> str:
     """The checkpoint a finished run's manifest names, resolved against where the run folder is now
     (runs finished before paths were relative recorded an absolute URL: used as is)."""

@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import logging
 import math
-import re
 import time
 from dataclasses import asdict
 
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import datasets
-from tasks.checkpoints import CHECKPOINTS_DIR, load_consolidated, resolve, run_dir_of, verify_checkpoint
+from tasks.checkpoints import load_consolidated, resolve, run_dir_of, step_of, verify_checkpoint
 from tasks.eval.config import EvalConfig
 from tasks.llama import Transformer, rope_tables
 from tasks.model_config import ModelConfig
@@ -94,12 +93,6 @@ def checkpoint_identity(step_url: str) -> dict | None:
         "fingerprint": manifest.fingerprint,
         "files": hashlib.sha256(files.encode()).hexdigest(),
     }
-
-
-def step_of(step_url: str) -> int | None:
-    """The step a ``step-NNNNNNNN`` URL names, or None for any other URL."""
-    match = re.search(rf"/{CHECKPOINTS_DIR}/step-(\d+)/?$", step_url)
-    return int(match.group(1)) if match else None
 
 
 def split_weights(names: list[str], mixture: dict[str, float]) -> dict[str, float]:

@@ -506,9 +506,11 @@ def test_fsdp_checkpoint_reshards_from_one_rank_to_two_and_back(tmp_path):
 
 
 def test_a_step_folder_names_its_run_folder_and_anything_else_is_refused():
-    from tasks.checkpoints import relative_step, run_dir_of
+    from tasks.checkpoints import relative_step, run_dir_of, step_of
 
     assert run_dir_of("s3://bucket/runs/a/checkpoints/step-00000004/") == "s3://bucket/runs/a"
+    assert step_of("s3://bucket/runs/a/checkpoints/step-00000004/") == 4
+    assert step_of("s3://bucket/runs/a") is None and step_of("s3://bucket/runs/a/step-00000004") is None
     assert relative_step(4) == "checkpoints/step-00000004"
     with pytest.raises(datasets.DatasetError, match="is not a checkpoint folder"):
         run_dir_of("s3://bucket/runs/a")
