@@ -172,13 +172,17 @@ def fingerprint(stage: str, config: Any, inputs: list[str], code_version: str) -
 
 
 def code_version(*packages: str) -> str:
-    """Hash of the source of the given packages (dotted names), plus this module's source.
+    """Hash of the source of the given packages (dotted names), plus the shared core (``tasks/*.py``).
 
-    Editing a stage's code changes its fingerprint, so stale outputs are never reused.
+    Editing a stage's code, or the core every stage reads through (model, checkpoints, tokens,
+    this contract), changes its fingerprint, so stale outputs are never reused.
     """
     import importlib
 
-    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest = hashlib.sha256()
+    for core in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(core.name.encode())
+        digest.update(core.read_bytes())
     for name in packages:
         module = importlib.import_module(name)
         root = Path(module.__file__).parent if module.__file__.endswith("__init__.py") else Path(module.__file__)
