@@ -88,6 +88,10 @@ class Cluster:
                                    f"log: {self.dir / 'log'}")
             time.sleep(0.5)
 
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of slurmctld's log, for failure messages."""
+        return "\n".join((self.dir / "log" / "slurmctld.log").read_text().splitlines()[-lines:])
+
     def kill_node_tasks(self, node: str, job_id: str) -> None:
         """SIGKILL the processes of job ``job_id`` on ``node`` (all nodes share this host here)."""
         victims = []

@@ -8,6 +8,7 @@ fault's marker exists, so the checkpoint a rerun resumes from is known in advanc
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -65,9 +66,12 @@ def starts(job: dict) -> list[dict]:
 
 
 def restart_now(cluster, job_id: str) -> None:
-    """A requeued job waits for its BeginTime (~2 min by default); start it as soon as nodes are free."""
+    """A requeued job may start once its old credentials expired (its EligibleTime, cred_expire=10 s
+    here); then start it at once instead of at the scheduler's next cycle."""
     cluster.wait_job(job_id, {"PENDING"}, timeout=60)
-    cluster.run("scontrol", "update", f"jobid={job_id}", "StartTime=now")
+    eligible = datetime.datetime.fromisoformat(cluster.job_field(job_id, "EligibleTime"))
+    time.sleep(max(0.0, (eligible - datetime.datetime.now()).total_seconds()) + 1)
+    cluster.run("scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)  # it may have started
 
 
 def test_scancel_and_resubmit_then_the_time_limit_signal_each_resume_where_they_should(slurm_cluster, tmp_path):
@@ -97,7 +101,8 @@ def test_scancel_and_resubmit_then_the_time_limit_signal_each_resume_where_they_
     time.sleep(1)  # let the forwarded SIGUSR1 reach rank 0; stopped rank 1 holds it pending
     os.kill(json.loads((faults / "fired-stop-1-9").read_text())["pid"], signal.SIGCONT)
     restart_now(slurm_cluster, again["job_id"])
-    assert slurm_cluster.wait_job(again["job_id"], {"COMPLETED", "FAILED"}, timeout=180) == "COMPLETED"
+    state = slurm_cluster.wait_job(again["job_id"], {"COMPLETED", "FAILED"}, timeout=180)
+    assert state == "COMPLETED", slurm_cluster.log_tail()
     assert "stop requested (SIGUSR1): final checkpoint at step 9" in log.read_text()
     summary = json.loads((run_path(job) / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["world_size"] == 2 and summary["resumed_from"] == 9
