@@ -1,4 +1,8 @@
-"""One Prefect test harness (a temporary server with its database in a temp dir) for all flow tests."""
+"""One Prefect test harness (a temporary server with its database in a temp dir) for the whole session.
+
+It lives at the root so that every folder shares it: two session harnesses (one per folder) nest, and
+events emitted under the second then reach the first server.
+"""
 
 import os
 

@@ -10,7 +10,6 @@ import tempfile
 import pytest
 
 from tests.engines import seaweed, slurm
-from tests.flows.conftest import prefect_harness  # noqa: F401  (one Prefect harness per session)
 
 BUCKET = "smelt-test"
 

@@ -124,7 +124,8 @@ def test_code_branch_drops_generated_minified_and_vendored_files(first_run):
 def test_each_checkpoint_commit_is_published_as_an_artifact_version_and_an_event(first_run):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-    from prefect.events.filters import EventFilter, EventNameFilter
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.schemas.events import ResourceSpecification
 
     from flows.common import artifact_key
     from flows.train import CHECKPOINT_EVENT
@@ -139,7 +140,11 @@ def test_each_checkpoint_commit_is_published_as_an_artifact_version_and_an_event
         assert all(any(url in str(a.data) for a in artifacts) for url in committed)
         deadline = time.monotonic() + 20  # the server persists events asynchronously
         while True:
-            events = client.read_events(EventFilter(event=EventNameFilter(name=[CHECKPOINT_EVENT])), limit=50).events
+            # Only this run's events: other tests in the session (S3, deployments) publish commits too.
+            events = client.read_events(EventFilter(
+                event=EventNameFilter(name=[CHECKPOINT_EVENT]),
+                resource=EventResourceFilter(labels=ResourceSpecification({"smelt.run_dir": train["url"]})),
+            ), limit=50).events
             urls = {e.payload["url"] for e in events if e.resource.get("smelt.run_dir") == train["url"]}
             if committed <= urls or time.monotonic() > deadline:
                 break
