@@ -85,3 +85,14 @@ def test_no_stage_package_imports_another_stage():
                 if parts[0] == "tasks" and len(parts) > 1 and parts[1] in STAGE_PACKAGES and parts[1] != stage:
                     crossings.add(f"{path.relative_to(REPO)} imports {name}")
     assert sorted(crossings) == [], "stage packages import each other; share through datasets or the core (tasks/*.py)"
+
+
+def test_tasks_never_import_flows_or_prefect():
+    """The work stays plain Python: importable, testable and runnable in a Dask worker without Prefect."""
+    offenders = sorted(
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in (REPO / "tasks").rglob("*.py")
+        for name in _imported_modules(path)
+        if name.split(".")[0] in ("flows", "prefect", "prefect_dask")
+    )
+    assert offenders == []
