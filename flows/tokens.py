@@ -11,7 +11,8 @@ from flows.common import planned_output, reuse_or_run, run_on_dask
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.tokenize.config import SpecialTokens, TokenizeConfig, TokenizerConfig
-from tasks.tokenize.stage import STAGE, TOKENIZER_STAGE, run_tokenize, train_tokenizer
+from tasks.tokenize.stage import STAGE, run_tokenize
+from tasks.tokenize.tokenizer import TOKENIZER_STAGE, train_tokenizer
 
 
 def tokenizer_output(input_fps: list[str], root: str, cfg: TokenizerConfig) -> tuple[str, str]:

@@ -196,17 +196,15 @@ def train_quality_classifier(
 
 
 def iter_dataset_texts(url: str) -> Iterator[str]:
-    """The ``text`` column of every document shard of the smelt documents dataset at ``url``, streamed."""
-    import pyarrow.parquet as pq
-
+    """The ``text`` column of every document shard of the smelt documents dataset at ``url``, each
+    shard verified against the manifest as it is read."""
     manifest = datasets.open_dataset(url, kind="documents")
     for shard in manifest.shards:
         if not shard.name.endswith(".parquet"):
             continue
-        fs, path = datasets.filesystem(datasets.shard_url(manifest, shard))
-        with fs.open(path, "rb") as f:
-            for batch in pq.ParquetFile(f).iter_batches(columns=["text"], batch_size=1024):
-                yield from batch.column(0).to_pylist()
+        parquet = datasets.open_parquet(datasets.shard_url(manifest, shard), shard)
+        for batch in parquet.iter_batches(columns=["text"], batch_size=1024):
+            yield from batch.column(0).to_pylist()
 
 
 def train_classifier_from_datasets(positive_url: str, negative_url: str, output_url: str, cfg: ClassifierConfig) -> dict[str, Any]:

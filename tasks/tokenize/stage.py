@@ -19,14 +19,13 @@ from tasks import datasets
 from tasks.parallel import MapFn, serial_map
 from tasks.tokenize.config import SpecialTokens, TokenizeConfig
 from tasks.tokenize.shards import document_shards, iter_document_batches, join_documents
-from tasks.tokenize.tokenizer import TOKENIZER_STAGE, hash_fraction, special_ids, train_tokenizer
+from tasks.tokenize.tokenizer import hash_fraction, special_ids
 from tasks.tokenizer_files import TOKENIZER_FILE, load_tokenizer, tokenizer_json_url
 from tasks.tokens import token_dtype, write_token_shard
 
 log = logging.getLogger(__name__)
 
 STAGE = "tokenize"
-__all__ = ["STAGE", "TOKENIZER_STAGE", "run_tokenize", "train_tokenizer"]  # the flows' entry points
 SPLITS = ("train", "val")
 
 

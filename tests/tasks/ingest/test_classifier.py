@@ -137,6 +137,17 @@ def test_training_from_documents_datasets_writes_the_model_to_a_url():
     assert kept and kept[0].quality_score > 0.5
 
 
+def test_training_from_a_corrupted_documents_shard_names_the_shard():
+    url = "memory://test-classifier/corrupt"
+    write_documents(url, synthetic(SCIENCE, 30, 5))
+    fs, path = datasets.filesystem(url + "/docs-00000.parquet")
+    data = bytearray(fs.cat_file(path))
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    fs.pipe_file(path, bytes(data))
+    with pytest.raises(datasets.DatasetError, match="docs-00000.parquet"):
+        train_classifier_from_datasets(url, "memory://test-classifier/negative", "memory://y.bin", ClassifierConfig(**TINY))
+
+
 def test_training_from_a_missing_dataset_names_it():
     with pytest.raises(datasets.DatasetError, match="memory://test-classifier/nothing"):
         train_classifier_from_datasets("memory://test-classifier/nothing", "memory://x", "memory://y.bin", ClassifierConfig(**TINY))

@@ -173,7 +173,8 @@ def test_code_documents_dedup_tokenize_and_mix_with_web_at_the_configured_weight
     from tasks.dedup.config import DedupConfig
     from tasks.dedup.stage import run_dedup
     from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
-    from tasks.tokenize.stage import run_tokenize, train_tokenizer
+    from tasks.tokenize.stage import run_tokenize
+    from tasks.tokenize.tokenizer import train_tokenizer
     from tasks.train.data import TokenLoader
 
     summary = write_sample_code(str(tmp_path / "sample"), files=60)
