@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -418,14 +417,9 @@ def _register_planner() -> None:
 def _preflight_stores(argv: list[str]) -> None:
     """Every object store URL on the command line must name a reachable, readable bucket: a wrong
     endpoint, key or bucket fails here in seconds with one sentence, not deep inside a flow."""
-    from tasks.objectstore import preflight
+    from tasks.objectstore import preflight_all
 
-    buckets = {}
-    for arg in argv:
-        for url in re.findall(r"s3a?://[^/,\s]+", arg):
-            buckets.setdefault(url, None)
-    for url in buckets:
-        preflight(url)
+    preflight_all(argv)
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from flows.train import train_task
 from tasks import datasets
 from tasks.ingest.code.readers import expand_code_inputs
 from tasks.ingest.readers import expand_inputs
+from tasks.objectstore import preflight_all
 
 SAMPLE_DIR = "sample"
 
@@ -73,6 +74,7 @@ def crawl_to_model(inputs: list[str] | None = None, code_inputs: list[str] | Non
     With no inputs at all, the bundled sample (web crawl and source code) is used.
     """
     start = time.perf_counter()
+    preflight_all(inputs, code_inputs, root)
     cfg = load_run_config(config_path, overrides or [])
     root = datasets.normalize_url(root)
     if not inputs and not code_inputs:

@@ -11,6 +11,7 @@ from tasks.config import from_dict
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.inputs import load_dedup_inputs
 from tasks.dedup.stage import STAGE, run_dedup
+from tasks.objectstore import preflight_all
 
 
 def dedup_output(input_fps: list[str], root: str, cfg: DedupConfig) -> tuple[str, str]:
@@ -33,4 +34,5 @@ def dedup_task(inputs: list[str], root: str, config: dict, dask_address: str | N
 def dedup_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
                dask_address: str | None = None, output: str | None = None) -> dict:
     """Remove exact and near-duplicate documents (MinHash LSH)."""
+    preflight_all(inputs, root, output)
     return dedup_task(inputs, root, config or {}, dask_address, output)

@@ -27,6 +27,7 @@ from tasks.eval.config import EvalConfig
 from tasks.eval.evaluate import checkpoint_identity, evaluate_checkpoint
 from tasks.eval.harness import score_with_harness
 from tasks.eval.report import plot_losses, read_metrics, results_table, run_evaluations, validation_curves
+from tasks.objectstore import preflight_all
 from tasks.train.export import export_checkpoint
 
 STAGE = "eval"
@@ -172,4 +173,5 @@ def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str,
 def eval_flow(checkpoint: str, data: str | None = None, root: str | None = None, config: dict | None = None) -> dict:
     """Evaluate a checkpoint URL (a step folder or a run folder's newest committed checkpoint) on every
     validation split of the run's data; results land under ``root`` (default: the run's own root)."""
+    preflight_all(checkpoint, data, root)
     return eval_task(checkpoint, data, root, config or {})

@@ -17,6 +17,7 @@ from tasks.ingest.code.readers import expand_code_inputs
 from tasks.ingest.code.stage import STAGE as CODE_STAGE
 from tasks.ingest.code.stage import code_input_fingerprints, run_code_ingest
 from tasks.ingest.stage import STAGE, run_ingest
+from tasks.objectstore import preflight_all
 
 
 def model_stamps(cfg: IngestConfig) -> list[str]:
@@ -51,6 +52,7 @@ def ingest_task(inputs: list[str], root: str, config: dict, dask_address: str | 
 def ingest_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
                 dask_address: str | None = None, output: str | None = None) -> dict:
     """Filter raw crawl files (WARC, WET, JSONL, Parquet; any fsspec URL or glob) into documents."""
+    preflight_all(inputs, root, output)
     return ingest_task(inputs, root, config or {}, dask_address, output)
 
 
@@ -77,4 +79,5 @@ def code_ingest_task(inputs: list[str], root: str, config: dict, dask_address: s
 def code_ingest_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
                      dask_address: str | None = None, output: str | None = None) -> dict:
     """Filter source files (JSONL/Parquet records, tar/zip archives, directory trees) into code documents."""
+    preflight_all(inputs, root, output)
     return code_ingest_task(inputs, root, config or {}, dask_address, output)

@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import planned_output, reuse_or_run, run_on_dask
 from tasks import datasets
 from tasks.config import from_dict
+from tasks.objectstore import preflight_all
 from tasks.tokenize.config import SpecialTokens, TokenizeConfig, TokenizerConfig
 from tasks.tokenize.stage import STAGE, run_tokenize
 from tasks.tokenize.tokenizer import TOKENIZER_STAGE, train_tokenizer
@@ -63,6 +64,7 @@ def tokenize_flow(inputs: list[str], root: str = "smelt-data", config: dict | No
     """Train a tokenizer (unless one is given as a tokenizer dataset or tokenizer.json URL), then encode.
 
     ``config`` is ``[tokenize]``, ``tokenizer_config`` is ``[tokenizer]``."""
+    preflight_all(inputs, root, tokenizer, output)
     tokenizer_config = tokenizer_config or {}
     tokenizer_url = tokenizer or tokenizer_task(inputs, root, tokenizer_config)["url"]
     return tokenize_task(inputs, tokenizer_url, root, config or {}, dask_address, output, tokenizer_config)
@@ -72,4 +74,5 @@ def tokenize_flow(inputs: list[str], root: str = "smelt-data", config: dict | No
 def tokenizer_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
                    output: str | None = None) -> dict:
     """Train a byte-level BPE tokenizer on documents datasets."""
+    preflight_all(inputs, root, output)
     return tokenizer_task(inputs, root, config or {}, output)

@@ -24,6 +24,7 @@ from flows.config import LaunchConfig
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.checkpoints import finished_run, list_committed, named_checkpoint, relative_step
+from tasks.objectstore import preflight_all
 from tasks.train.config import TrainConfig, parse_data
 from tasks.train.launch import launch_torchrun, preflight
 from tasks.train.stragglers import REPORT as STRAGGLER_REPORT
@@ -157,6 +158,7 @@ def dry_run_report(data: list[str], config: dict, nproc: int) -> dict[str, Any]:
 def train_flow(data: list[str], root: str = "smelt-data", config: dict | None = None,
                launch: dict | None = None, run_dir: str | None = None) -> dict:
     """Launch torchrun on token datasets; Prefect retries the whole launch when the agent gives up."""
+    preflight_all(data, root, run_dir)
     launch = launch or dataclasses.asdict(LaunchConfig())
     dry_run_report(data, config or {}, int(launch["nproc"]))  # user mistakes: one sentence, before any retry
     return train_task.with_options(retries=int(launch["task_retries"]), retry_delay_seconds=5)(

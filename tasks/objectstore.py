@@ -14,11 +14,13 @@ defaults below only fill keys the user's fsspec config leaves unset.
 from __future__ import annotations
 
 import concurrent.futures
+import re
 from urllib.parse import urlparse
 
 import fsspec
 
 PREFLIGHT_TIMEOUT_S = 10.0
+BUCKET_URL_RE = re.compile(r"s3a?://[^/,\s\"']+")
 S3_DEFAULTS = {
     "use_listings_cache": False,
     "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 3, "mode": "standard"}},
@@ -62,6 +64,20 @@ def preflight(url: str, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
         raise StoreError(_explain(e, bucket, endpoint)) from None
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def preflight_all(*values: str | list[str] | None) -> None:
+    """``preflight`` once each bucket named anywhere in ``values`` (URLs, ``name=URL`` pairs, command
+    lines; strings, lists of them, or None).
+
+    Flows call it first with their parameters, so a deployment run with a wrong endpoint, key or
+    bucket fails in seconds with one sentence, before any task or retry starts."""
+    buckets: dict[str, None] = {}
+    for group in values:
+        for value in [group] if isinstance(group, str) else group or []:
+            buckets.update(dict.fromkeys(BUCKET_URL_RE.findall(str(value))))
+    for bucket in buckets:
+        preflight(bucket)
 
 
 def _endpoint_from_env() -> str | None:

@@ -90,10 +90,10 @@ def server(tmp_path_factory):
                 os.environ[key] = value
 
 
-def deployment_run(env: dict, name: str, params: dict) -> str:
+def deployment_run(env: dict, name: str, params: dict, *options: str) -> str:
     """`prefect deployment run` as a user types it; the new flow run's id."""
-    out = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", name, "--params", json.dumps(params)],
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", name, "--params", json.dumps(params),
+                          *options], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
     return next(line.split()[-1] for line in out.stdout.splitlines() if "UUID" in line)
 
@@ -232,3 +232,18 @@ def test_eval_of_a_checkpoint_retention_removed_is_skipped_with_the_reason(retri
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["skipped"] and "retention" in result["reason"]
+
+
+def test_a_deployment_run_with_an_unreachable_store_fails_in_seconds_with_one_sentence(server):
+    """The flow itself checks its s3:// parameters first (the CLI's preflight does not run on this path):
+    the job's environment points at a closed port, as a wrong AWS_ENDPOINT_URL would."""
+    _, api, env = server
+    store = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    run_id = deployment_run(env, "ingest/ingest", {"inputs": ["s3://smelt-nowhere/crawl/*.warc.gz"],
+                                                   "root": "s3://smelt-nowhere/root"},
+                            "--job-variable", f"env={json.dumps(store)}")
+    assert api.wait(run_id, {"FAILED"}, timeout_s=180) == "FAILED"
+    run = api.call("GET", f"/flow_runs/{run_id}")
+    message = run["state"]["message"] or ""
+    assert "cannot connect to the object store at http://127.0.0.1:9" in message, message
+    assert run["total_run_time"] < 30, run["total_run_time"]
