@@ -58,10 +58,20 @@ def render_train(stage: dict, console: Console) -> None:
                   f"checkpoint {stage['checkpoint']}")
 
 
-def render_eval(stage: dict, console: Console) -> None:
+def _eval_result(stage: dict) -> str:
+    """The mixture-weighted figures, then each validation split's (a mixture can hide a split that got worse)."""
     st = stage["stats"]
-    console.print(f"eval of step {stage['step']}: val loss {st['val_loss']:.4f}, perplexity {st['perplexity']:.2f}, "
-                  f"bits/byte {st['bits_per_byte']:.3f} over {st['tokens_scored']:,} tokens ({stage['url']})")
+    text = f"val loss {st['val_loss']:.3f}, perplexity {st['perplexity']:.1f}, bits/byte {st['bits_per_byte']:.3f}"
+    splits = stage.get("splits") or {}
+    if len(splits) > 1:
+        text += "; " + ", ".join(f"{name} {s['val_loss']:.3f} / {s['bits_per_byte']:.3f}"
+                                 for name, s in sorted(splits.items())) + " (loss / bits/byte)"
+    return text
+
+
+def render_eval(stage: dict, console: Console) -> None:
+    console.print(f"eval of step {stage['step']}: {_eval_result(stage)} over {stage['stats']['tokens_scored']:,} "
+                  f"tokens ({stage['url']})")
     for p in stage.get("probes", []):
         console.print(f"  probe {p['prompt']!r} → {p['completion']!r}")
 
@@ -84,8 +94,7 @@ def render_run_summary(summary: dict, console: Console) -> None:
             if isinstance(s.get("goodput"), dict) and "goodput" in s["goodput"]:
                 result += f", goodput {s['goodput']['goodput']:.0%}"
         elif _kind(stage) == "eval":
-            st = stage["stats"]
-            result = f"val loss {st['val_loss']:.3f}, perplexity {st['perplexity']:.1f}, bits/byte {st['bits_per_byte']:.3f}"
+            result = _eval_result(stage)
         elif _kind(stage) == "tokenizer":
             result = f"vocab {stage['meta'].get('vocab_size', '?')}"
         elif _kind(stage) == "tokenize":

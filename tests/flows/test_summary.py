@@ -2,7 +2,7 @@
 
 from rich.console import Console
 
-from flows.summary import render_run_summary, render_stage
+from flows.summary import render_eval, render_run_summary, render_stage
 from tasks.counters import funnel, merge_steps
 
 
@@ -44,3 +44,16 @@ def test_every_stage_shows_its_in_and_out_and_its_largest_reasons():
 def test_a_single_stage_table_reads_the_same_counters():
     text = _text(render_stage, _stage("dedup", {"in": 10, "out": 6, "dropped.near_duplicate": 4}))
     assert "10" in text and "6" in text and "near_duplicate 4" in text
+
+
+def test_the_eval_row_shows_every_validation_split_beside_the_mixture():
+    splits = {"web": {"val_loss": 4.5, "bits_per_byte": 1.25}, "code": {"val_loss": 2.75, "bits_per_byte": 0.5}}
+    stage = _stage("eval", {"val_loss": 4.0, "perplexity": 54.6, "bits_per_byte": 1.1, "tokens_scored": 900},
+                   step=8, splits=splits)
+    text = _text(render_eval, stage)
+    assert "val loss 4.000" in text and "code 2.750 / 0.500, web 4.500 / 1.250" in text
+    train = _stage("train", {}, summary={"steps": 8, "tokens": 64, "first_loss": 8.0, "last_loss": 5.0},
+                   checkpoint="file:///r/train/step-8")
+    table = _text(render_run_summary, {"root": "file:///r", "stages": [train, stage], "mixture": {"web": 0.5, "code": 0.5},
+                                       "wall_seconds": 1.0})
+    assert "code 2.750" in table and "web 4.500" in table
