@@ -56,12 +56,15 @@ class TimingAssumptions:
     fp8_speedup: float = FP8_SPEEDUP  # FP8 linear GEMM rate / bf16 GEMM rate
     gather_bytes: float = 2.0  # bytes per parameter FSDP all-gathers: bf16, or 1 with float8 all-gather
     attention: float = ATTENTION_RATE  # rate of attention's FLOPs (as counted: 12·H·Q·T) relative to the GEMMs'
+    layer_overhead_s: float = 0.0  # seconds per layer and pass that do not scale with tokens (backward: 2)
 
     def __post_init__(self) -> None:
         if not 1 <= self.fp8_speedup <= 4:
             raise ValueError(f"fp8_speedup must be in [1, 4], got {self.fp8_speedup}")
         if not 0 < self.attention <= 2:
             raise ValueError(f"attention must be in (0, 2], got {self.attention}")
+        if not 0 <= self.layer_overhead_s < 1:
+            raise ValueError(f"layer_overhead_s must be in [0, 1), got {self.layer_overhead_s}")
         for name in ("compute", "network"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
@@ -194,14 +197,14 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     per_rank = split.per_rank or (split.max_layers,)
     loads = [n * layer_s + (output_s if r == split.output_rank else 0.0) for r, n in enumerate(per_rank)]
     layers = split.max_layers
-    compute = tokens * max(loads)
+    compute = tokens * max(loads) + 3 * a.layer_overhead_s * layers  # forward once, backward twice
     if fp8:  # weights cast to FP8 once per micro-batch
         compute += 6 * layers * shape.layer_params / layout.tp / hbm
 
     recompute, recomputed = 0.0, 0
     if layout.activation_checkpoint == "full":  # the whole forward again, collectives included
         recomputed = layers
-        recompute = tokens * layers * layer_s / 3
+        recompute = tokens * layers * layer_s / 3 + a.layer_overhead_s * layers
     elif layout.activation_checkpoint == "selective":  # memory-bound ops only: HBM traffic, no FLOPs
         recompute = tokens * layers * _selective_recompute_bytes(shape, layout.tp) / hbm
 

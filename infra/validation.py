@@ -55,10 +55,21 @@ class Stack:
     grad_bytes: int = 4  # gradient buffers: fp32, or bf16 where the stack reduces in bf16
     fp8_params: bool = False  # FP8 runs store the layers' weights in FP8
     efficiency: str = ""  # the FITTED constant for its GEMM efficiency ('' = its name)
+    fp8: str = ""  # the FITTED constant for its FP8 GEMM speed-up ('' = fp8_ + the efficiency constant)
+    overhead: str = ""  # the FITTED constant for its per-layer fixed cost in ms ('' = none)
+    system: str = ""  # the system it is a release of ('' = its name)
 
     @property
     def constant(self) -> str:
         return self.efficiency or self.name
+
+    @property
+    def system_name(self) -> str:
+        return self.system or self.name
+
+    @property
+    def fp8_constant(self) -> str:
+        return self.fp8 or f"fp8_{self.constant}"
 
 
 STACKS = {
@@ -68,11 +79,21 @@ STACKS = {
     # NeMo's performance scripts (scripts/performance/helpers.py, set_precision_configs) reduce gradients in
     # bf16 and, for FP8, gather FP8 parameters (recipes/precision/mixed_precision.py: fp8_param_gather).
     "nemo": Stack("nemo", "NeMo / Megatron-Bridge performance recipes (Megatron-Core + Transformer Engine)",
-                  saves="megatron", tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron"),
+                  saves="megatron", tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron",
+                  fp8="fp8_te"),
+    # The benchmark tables ran Composer's FSDP (torch 1.13's FullyShardedDataParallel, eager, autocast over fp32
+    # flat parameters); FP8 rows swap the linear layers for Transformer Engine's (scripts/train/benchmarking/
+    # submit_benchmarks.py: fc_type 'te', TransformerEngine v0.10), so they share NeMo's FP8 speed-up.
     "llm-foundry": Stack("llm-foundry", "MosaicML LLM Foundry (Composer, PyTorch FSDP)", saves="torch",
-                         tp_overlap=False),
+                         tp_overlap=False, fp8="fp8_te", overhead="fsdp1_layer_ms"),
+    # December 2024: the loss is not compiled (train.py at 9dec370: "compiling loss function causes CUDA
+    # errors"), so it holds bf16 logits, their fp32 copy, fp32 and bf16 gradients: 12 bytes per entry.
     "torchtitan": Stack("torchtitan", "torchtitan (PyTorch FSDP2/TP/PP, torch.compile, torchao float8)",
                         saves="torchtitan", tp_overlap=False, logits_bytes=12),
+    # June 2025 (e7c0cae): components/loss.py compiles the loss with the model, which fuses the fp32 upcast:
+    # bf16 logits and their bf16 gradient, 4 bytes per entry. Same kernels otherwise.
+    "torchtitan-2506": Stack("torchtitan-2506", "torchtitan, June 2025 (compiled loss)", saves="torchtitan",
+                             tp_overlap=False, logits_bytes=4, efficiency="torchtitan", system="torchtitan"),
 }
 
 
@@ -168,7 +189,7 @@ RUNS: list[Run] = [
     Run("nemo-llama2-13b-16", "nemo", NEMO_2407, "Llama 2 13B", LLAMA2_13B, "h100", 16, 4096, 128,
         "tp=1,pp=4,vp=10,mb=1", "fp8", 8715, "tokens/s/GPU", search=("ac",)),
     Run("nemo-llama2-70b-64", "nemo", NEMO_2407, "Llama 2 70B", LLAMA2_70B, "h100", 64, 4096, 128,
-        "tp=4,pp=4,vp=20,mb=1", "fp8", 1728, "tokens/s/GPU", search=("ac",), fits="fp8_megatron"),
+        "tp=4,pp=4,vp=20,mb=1", "fp8", 1728, "tokens/s/GPU", search=("ac",), fits="fp8_te"),
     Run("nemo-llama3-8b-8-cp2", "nemo", NEMO_2407, "Llama 3 8B", PRESETS["8b"], "h100", 8, 8192, 128,
         "tp=1,pp=1,cp=2,mb=1,zero=1", "fp8", 12273, "tokens/s/GPU", search=("ac",)),
     Run("nemo-llama3-70b-64-cp2", "nemo", NEMO_2407, "Llama 3 70B", PRESETS["70b"], "h100", 64, 8192, 128,
@@ -188,7 +209,7 @@ RUNS: list[Run] = [
       for table, size, gpu_name, gpus, seq, mb, gbs, zero, ac, precision, tps, fit in (
           ("'H100 80GB BF16'", "7b", "h100", 8, 2048, 6, 48, 3, False, "bf16", 10643, "llm-foundry"),
           ("'H100 80GB BF16'", "1b", "h100", 8, 2048, 14, 112, 3, False, "bf16", 45455, None),
-          ("'H100 80GB BF16'", "13b", "h100", 64, 2048, 2, 128, 3, False, "bf16", 4800, None),
+          ("'H100 80GB BF16'", "13b", "h100", 64, 2048, 2, 128, 3, False, "bf16", 4800, "fsdp1_layer_ms"),
           ("'H100 80GB BF16'", "7b", "h100", 8, 8192, 8, 128, 3, True, "bf16", 6935, None),
           ("'H100 80GB BF16'", "70b", "h100", 64, 2048, 8, 2048, 3, True, "bf16", 1039, None),
           ("'H100 80GB BF16 (Large Scale, >= 128 GPUs)'", "70b", "h100", 512, 2048, 8, 4096, 3, True, "bf16", 1007,
@@ -197,7 +218,7 @@ RUNS: list[Run] = [
            None),
           ("'H100 80GB BF16 (Large Scale, >= 128 GPUs)'", "3b", "h100", 512, 2048, 8, 4096, 2, False, "bf16", 21664,
            None),
-          ("'H100 80GB FP8'", "3b", "h100", 8, 2048, 10, 480, 3, False, "fp8", 30586, "fp8_llm-foundry"),
+          ("'H100 80GB FP8'", "3b", "h100", 8, 2048, 10, 480, 3, False, "fp8", 30586, None),
           ("'H100 80GB FP8'", "1b", "h100", 8, 8192, 2, 64, 3, False, "fp8", 32010, None),
           ("'A100 80GB with 1600 Gbps node-node interconnect (RoCE)'", "7b", "a100", 8, 2048, 6, 96, 3, False, "bf16",
            4641, "a100"),
@@ -240,19 +261,18 @@ RUNS: list[Run] = [
     Run("titan-405b-512-interleaved", "torchtitan", TITAN + "5 (3D, Interleaved 1F1B)", "Llama 3.1 405B",
         PRESETS["405b"], "h100-96gb-500w", 512, 8192, 256, "tp=8,pp=8,mb=4,ac=full,schedule=Interleaved1F1B,vp=2",
         "fp8", 128, "tokens/s/GPU", memory_gib=72.7, tp_overlap=True),
-    Run("titan-h200-8b-32", "torchtitan", TRAINY, "Llama 3.1 8B", PRESETS["8b"], "h200", 32, 8192, 64,
+    Run("titan-h200-8b-32", "torchtitan-2506", TRAINY, "Llama 3.1 8B", PRESETS["8b"], "h200", 32, 8192, 64,
         "tp=1,mb=2,ac=selective", "fp8", 10938, "tokens/s/GPU", memory_gib=47.96, fits="torchtitan",
         fp8_all_gather=True),
-    Run("titan-h200-8b-64", "torchtitan", TRAINY, "Llama 3.1 8B", PRESETS["8b"], "h200", 64, 8192, 128,
+    Run("titan-h200-8b-64", "torchtitan-2506", TRAINY, "Llama 3.1 8B", PRESETS["8b"], "h200", 64, 8192, 128,
         "tp=1,mb=2,ac=selective", "fp8", 10753, "tokens/s/GPU", memory_gib=46.97, fp8_all_gather=True),
 ]
 
 # Solved by ``fit()`` on the rows marked ``fits`` (tests/infra/test_validation.py re-fits them).
-FIT_ORDER = ("meta", "attention", "megatron", "fp8_megatron", "llm-foundry", "fp8_llm-foundry", "a100",
+FIT_ORDER = ("meta", "attention", "megatron", "fp8_te", "llm-foundry", "fsdp1_layer_ms", "a100",
              "torchtitan", "h100-96gb-500w", "fp8_torchtitan")
-FITTED = {"meta": 0.5677, "attention": 0.7233, "megatron": 0.5232, "fp8_megatron": 2.2371, "llm-foundry": 0.5013,
-          "fp8_llm-foundry": 1.5086, "a100": 1.3625, "torchtitan": 0.55, "h100-96gb-500w": 0.8247,
-          "fp8_torchtitan": 1.7308}
+FITTED = {"meta": 0.5677, "attention": 0.7233, "megatron": 0.5232, "fp8_te": 2.2371, "llm-foundry": 0.6107,
+          "fsdp1_layer_ms": 2.0768, "a100": 1.213, "torchtitan": 0.55, "h100-96gb-500w": 0.8247, "fp8_torchtitan": 1.7308}
 
 
 @dataclass(frozen=True)
@@ -302,8 +322,9 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
     overlap = stack.tp_overlap if run.tp_overlap is None else run.tp_overlap
     timing = TimingAssumptions(compute=min(1.0, constants[stack.constant] * relative),
                                tp_overlap=TimingAssumptions().dp_overlap if overlap else 0.0,
-                               fp8_speedup=constants.get(f"fp8_{stack.constant}", 1.0),
+                               fp8_speedup=constants.get(stack.fp8_constant, 1.0),
                                attention=constants["attention"],
+                               layer_overhead_s=constants[stack.overhead] / 1e3 if stack.overhead else 0.0,
                                gather_bytes=1.0 if run.fp8_all_gather else 2.0)
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes, grad_bytes=stack.grad_bytes,
@@ -333,10 +354,11 @@ def fit(order: tuple[str, ...] = FIT_ORDER, rounds: int = 6, fixed: dict[str, fl
     for _ in range(rounds):
         for name in order:
             (run,) = [r for r in RUNS if r.fits == name]
-            lo, hi = (1.0, 3.0) if name.startswith("fp8") else (0.1, 2.0)
+            lo, hi = (1.0, 3.0) if name.startswith("fp8") else (0.0, 10.0) if name.endswith("_ms") else (0.1, 2.0)
+            sign = -1 if name.endswith("_ms") else 1  # throughput falls as the overhead grows
             for _ in range(40):
                 mid = (lo + hi) / 2
-                err = score(run, {**constants, name: mid}).error
+                err = sign * score(run, {**constants, name: mid}).error
                 lo, hi = (mid, hi) if err < 0 else (lo, mid)
             constants[name] = round((lo + hi) / 2, 4)
     return constants
@@ -348,7 +370,8 @@ def summary(rows: list[Scored]) -> dict:
     held = [abs(r.error) for r in rows if not r.run.fits]
     fitted = [abs(r.error) for r in rows if r.run.fits]
     memory = [abs(r.memory_gb / (r.run.memory_gib * GIB / GB) - 1) for r in rows if r.run.memory_gib]
-    systems = sorted({r.run.stack for r in rows})
+    system = {r.run.key: STACKS[r.run.stack].system_name for r in rows}
+    systems = sorted(set(system.values()))
     return {
         "rows": len(rows), "held_out": len(held), "fitted_rows": len(fitted), "systems": systems,
         "held_out_mean_abs_error": round(statistics.mean(held), 4), "held_out_worst_abs_error": round(max(held), 4),
@@ -357,7 +380,7 @@ def summary(rows: list[Scored]) -> dict:
         "memory_worst_abs_error": round(max(memory), 4) if memory else None,
         "layouts_not_fitting": [r.run.key for r in rows if not r.fits],
         "per_system_mean_abs_error": {s: round(statistics.mean(abs(r.error) for r in rows
-                                                               if r.run.stack == s and not r.run.fits), 4)
+                                                               if system[r.run.key] == s and not r.run.fits), 4)
                                       for s in systems},
     }
 
@@ -370,7 +393,7 @@ def as_dict(rows: list[Scored]) -> dict:
     return {
         "constants": FITTED, "fit_order": list(FIT_ORDER), "summary": summary(rows),
         "rows": [{
-            "key": r.run.key, "system": r.run.stack, "source": r.run.source, "model": r.run.model,
+            "key": r.run.key, "system": STACKS[r.run.stack].system_name, "stack": r.run.stack, "source": r.run.source, "model": r.run.model,
             "gpu": r.run.gpu, "gpus": r.run.gpus, "seq_len": r.run.seq_len, "global_batch": r.run.global_batch,
             "precision": r.run.precision, "published_layout": r.run.layout, "searched": list(r.run.search),
             "scored_layout": r.layout.name, "published": r.run.published, "published_unit": r.run.unit,

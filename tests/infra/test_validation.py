@@ -13,13 +13,13 @@ BY_KEY = {r.run.key: r for r in ROWS}
 
 # The bound this table holds today. Lower these when a change improves it; a change that breaks them made the
 # planner worse on runs it was not fitted to.
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN = 0.08, 0.25, 0.11
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.052, 0.25, 0.056, 0.17
 
 
 def test_held_out_error_stays_within_the_bound():
     s = summary(ROWS)
     assert s["held_out_mean_abs_error"] <= HELD_OUT_MEAN and s["held_out_worst_abs_error"] <= HELD_OUT_WORST, s
-    assert s["memory_mean_abs_error"] <= MEMORY_MEAN, s
+    assert s["memory_mean_abs_error"] <= MEMORY_MEAN and s["memory_worst_abs_error"] <= MEMORY_WORST, s
     assert s["fitted_mean_abs_error"] < 0.002  # each fitted row is reproduced by its constant
 
 
@@ -76,6 +76,26 @@ def test_context_parallel_costs_what_the_sources_show():
     # Llama 3: CP16 at 131K tokens reaches 88% of the 8K run's TFLOP/s (fitted attention rate, not a prediction)
     ratio = BY_KEY["llama3-405b-16k-cp16"].mfu / BY_KEY["llama3-405b-16k"].mfu
     assert ratio == pytest.approx(380 / 400, rel=0.05)
+
+
+def test_llm_foundry_fixed_cost_does_not_depend_on_scale():
+    # LLM Foundry's H100 table runs MPT-13B at micro-batch 2 on 8, 16, 32 and 64 GPUs at 4,792-4,811 tokens/s per
+    # GPU: its shortfall against the 7B row is per layer and micro-batch, not the network (the 64-GPU row fits it)
+    row = BY_KEY["foundry-mpt-13b-h100-64-2048"]
+    for gpus in (8, 16, 32):
+        small = score(_with(row.run, gpus=gpus, global_batch=2 * gpus))
+        assert small.tokens_per_gpu == pytest.approx(row.tokens_per_gpu, rel=0.02), gpus
+    # the same cost is a smaller share of a larger micro-batch: full recomputation at mb 8 runs the 70B faster
+    # per FLOP than the 13B at mb 2 (source: 42.6% against 39.9% MFU)
+    assert BY_KEY["foundry-mpt-70b-h100-64-2048"].mfu > row.mfu
+
+
+def test_torchtitan_compiled_loss_holds_fewer_logit_bytes():
+    # June 2025's torchtitan compiles the loss (bf16 logits and gradient); December 2024's does not (12 bytes)
+    assert STACKS["torchtitan-2506"].logits_bytes < STACKS["torchtitan"].logits_bytes
+    for key in ("titan-h200-8b-32", "titan-h200-8b-64"):
+        r = BY_KEY[key]
+        assert r.memory_gb == pytest.approx(r.run.memory_gib * 2**30 / 1e9, rel=0.10), key
 
 
 def test_every_stack_names_its_memory_accounting():
