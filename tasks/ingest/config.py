@@ -250,6 +250,7 @@ class ClassifierConfig:
 
 
 EXTRACT_ENGINES = ("resiliparse", "trafilatura")
+WARC_ENGINES = ("smelt", "fastwarc")
 
 
 @dataclasses.dataclass
@@ -269,11 +270,18 @@ class ReaderConfig:
     # Remote inputs (http/s3): a server that does not connect or goes silent this long is an error naming the URL.
     connect_timeout_s: float = 30.0
     read_timeout_s: float = 120.0
+    # Who parses each WARC/WET record's HTTP head once smelt's framer has cut it out (framing,
+    # decompression and every fault count are the same either way): smelt (warcio, pure Python) |
+    # fastwarc (FastWARC's native header parser; a record it cannot take exactly as warcio would,
+    # e.g. a gzip or chunked body, goes to warcio). README "How each stage scales out" gives the cost of each.
+    warc_engine: str = "smelt"
 
     def __post_init__(self) -> None:
         formats = ("auto", "warc", "wet", "jsonl", "parquet")
         if self.format not in formats:
             raise ValueError(f"reader.format must be one of {', '.join(formats)}, got {self.format!r}")
+        if self.warc_engine not in WARC_ENGINES:
+            raise ValueError(f"reader.warc_engine must be one of {', '.join(WARC_ENGINES)}, got {self.warc_engine!r}")
         if self.max_payload_bytes < 1 or self.charset_detection_bytes < 1:
             raise ValueError("reader.max_payload_bytes and reader.charset_detection_bytes must be positive")
         if not (self.connect_timeout_s > 0 and self.read_timeout_s > 0):

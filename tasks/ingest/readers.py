@@ -31,7 +31,7 @@ import json
 import logging
 import re
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 import fsspec
@@ -304,8 +304,9 @@ def _read_archive(url: str, cfg: ReaderConfig, stats: Stats, record_type: str) -
 
     Records are framed here (``_WarcFramer``), not by warcio's iterator, so a bad record costs only
     itself: a lying or missing Content-Length, a malformed header block or a corrupt gzip member
-    is counted and reading resumes at the next record. warcio then parses each framed record's
-    HTTP head and body. ``in`` = ``out`` + every ``dropped.read_*`` and ``failed.read_*``.
+    is counted and reading resumes at the next record. warcio or FastWARC (``reader.warc_engine``)
+    then parses each framed record's HTTP head and body; both give the same documents and counts.
+    ``in`` = ``out`` + every ``dropped.read_*`` and ``failed.read_*``.
     """
     with fsspec.open(url, "rb", **remote_options(url, cfg.connect_timeout_s, cfg.read_timeout_s)) as raw:
         framer = _WarcFramer(_decompressed_chunks(url, raw), cfg.max_payload_bytes + _HEAD_SLACK, _compression(url))
@@ -558,9 +559,7 @@ def _parse_warc_head(raw: bytes) -> dict[str, bytes]:
 
 
 def _framed_document(url: str, record: _Framed, cfg: ReaderConfig, stats: Stats) -> Document | None:
-    """A framed record's header checks, then warcio's parse of its HTTP head and body."""
-    from warcio.archiveiterator import ArchiveIterator
-
+    """A framed record's header checks, then its HTTP head and body parsed by ``reader.warc_engine``."""
     if not record.head.get("warc-target-uri"):
         stats.add("failed.read_no_target_uri")
         return None
@@ -569,42 +568,105 @@ def _framed_document(url: str, record: _Framed, cfg: ReaderConfig, stats: Stats)
         stats.add("failed.read_bad_date")
         return None
     try:
-        parsed = next(iter(ArchiveIterator(io.BytesIO(record.raw_head + record.body + b"\r\n\r\n"))))
+        parsed = (_fastwarc_parsed(record) if cfg.warc_engine == "fastwarc" else None) or _warcio_parsed(record)
         return _record_document(url, parsed, record.offset, cfg, stats)
-    except Exception as e:  # the bytes are in memory: anything warcio raises is a fault of this record
+    except Exception as e:  # the bytes are in memory: anything the parser raises is a fault of this record
         stats.add("failed.read_bad_record")
         log.warning("%s: record at offset %d cannot be parsed: %s", url, record.offset, e)
         return None
+
+
+@dataclasses.dataclass
+class _Parsed:
+    """What the document checks need of one parsed record, whichever engine parsed it."""
+
+    is_html: bool  # a WARC response (HTML to extract), not a WET conversion (text)
+    warc_header: Callable[[str], str | None]
+    http_header: Callable[[str], str | None] | None  # None: the record has no HTTP head
+    status: str  # the HTTP status code as written ("" without an HTTP head)
+    read_payload: Callable[[int], bytes]  # at most n bytes of the payload, its encodings undone
+
+
+def _warcio_parsed(record: _Framed) -> _Parsed:
+    from warcio.archiveiterator import ArchiveIterator
+
+    parsed = next(iter(ArchiveIterator(io.BytesIO(record.raw_head + record.body + b"\r\n\r\n"))))
+    http = parsed.http_headers
+    return _Parsed(parsed.rec_type == "response", parsed.rec_headers.get_header,
+                   http.get_header if http is not None else None,
+                   (http.get_statuscode() or "") if http is not None else "", lambda n: parsed.content_stream().read(n))
+
+
+_FOLDED = (b"\n ", b"\n\t")
+_ODD_HEAD_BYTES = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\xff]")  # where str and bytes whitespace differ
+
+
+def _plain_head(raw: bytes) -> bool:
+    """ASCII without control characters (other than tab and line ends) and without folded lines."""
+    return _ODD_HEAD_BYTES.search(raw) is None and not any(f in raw for f in _FOLDED)
+
+
+def _fastwarc_parsed(record: _Framed) -> _Parsed | None:
+    """FastWARC's parse of a record's HTTP head, or None where warcio's would differ (warcio then parses it).
+
+    The framer has already parsed the WARC head. FastWARC takes the plain case: ``_plain_head``
+    heads, an ``HTTP/`` status line, CRLF lines, ``name: value`` lines, no Content- or Transfer-Encoding (warcio
+    decodes those and passes a body that does not decode as declared through as it is, where
+    FastWARC raises), a target URI warcio would not rewrite (``<uri>``, spaces).
+    """
+    from fastwarc.warc import HeaderMap
+
+    head, body = record.head, record.body
+    if not _plain_head(record.raw_head):
+        return None
+    uri = head["warc-target-uri"].decode("ascii")
+    if uri.startswith("<") or " " in uri:
+        return None
+
+    def warc_header(name: str) -> str | None:
+        value = head.get(name.lower())
+        return None if value is None else value.decode("ascii")
+
+    is_html = record.warc_type == "response"
+    if not (is_html and body and uri.startswith(("http:", "https:"))):  # where warcio parses no HTTP head
+        return _Parsed(is_html, warc_header, None, "", io.BytesIO(body).read)
+    http = HeaderMap()
+    end = http.parse(io.BytesIO(body))
+    http_head, status_line = body[:end], http.status_line or ""
+    if not (status_line.startswith("HTTP/") and http_head.startswith(status_line.encode() + b"\r\n")
+            and http_head.endswith(b"\r\n\r\n") and _plain_head(http_head) and http_head.count(b"\n") == len(http) + 2
+            and "Content-Encoding" not in http and "Transfer-Encoding" not in http):
+        return None
+    _, _, code = status_line.partition(" ")  # as warcio: the first word after the protocol
+    return _Parsed(True, warc_header, http.get, code.strip().split(" ", 1)[0], lambda n: body[end:end + n])
 
 
 def _compression(url: str) -> str:
     return "zstd" if url.lower().endswith(".zst") else "gzip"
 
 
-def _record_document(url: str, record: Any, offset: int, cfg: ReaderConfig, stats: Stats) -> Document | None:
-    """One record as a Document, or None with the reason counted."""
-    headers = record.rec_headers
-    http = record.http_headers
+def _record_document(url: str, record: _Parsed, offset: int, cfg: ReaderConfig, stats: Stats) -> Document | None:
+    """One parsed record as a Document, or None with the reason counted."""
+    http = record.http_header
     content_type = ""
     if http is not None:
-        status = http.get_statuscode() or ""
-        if cfg.require_http_ok and not status.startswith("2"):
+        if cfg.require_http_ok and not record.status.startswith("2"):
             stats.add("dropped.read_http_status")
             return None
-        content_type = http.get_header("Content-Type") or ""
-    content_type = content_type or headers.get_header("WARC-Identified-Payload-Type") or ""
+        content_type = http("Content-Type") or ""
+    content_type = content_type or record.warc_header("WARC-Identified-Payload-Type") or ""
     mime, declared_charset = _parse_content_type(content_type)
 
-    is_html = record.rec_type == "response"
+    is_html = record.is_html
     if is_html and mime and mime not in cfg.html_content_types:
         stats.add("dropped.read_non_html")
         return None
 
     try:
-        payload = record.content_stream().read(cfg.max_payload_bytes + 1)
+        payload = record.read_payload(cfg.max_payload_bytes + 1)
     except (zlib.error, ValueError, OSError) as e:  # a broken Content-Encoding or chunked body
         stats.add("failed.read_bad_record")
-        log.warning("%s: cannot decode the body of record %s: %s", url, headers.get_header("WARC-Record-ID"), e)
+        log.warning("%s: cannot decode the body of record %s: %s", url, record.warc_header("WARC-Record-ID"), e)
         return None
     if len(payload) > cfg.max_payload_bytes:
         stats.add("dropped.read_too_large")
@@ -625,32 +687,32 @@ def _record_document(url: str, record: Any, offset: int, cfg: ReaderConfig, stat
     text, charset, replaced = decoded
     if replaced:
         stats.add("decoded_with_replacements")
-    record_id = headers.get_header("WARC-Record-ID") or ""
+    record_id = record.warc_header("WARC-Record-ID") or ""
     meta: dict[str, Any] = {
         "format": "html" if is_html else "text",
         "warc_file": url,
         "offset": offset,
         "charset": charset,
     }
-    if date := headers.get_header("WARC-Date"):
+    if date := record.warc_header("WARC-Date"):
         meta["date"] = date
     return Document(
         id=doc_id(record_id) if record_id else doc_id(url, offset),
-        url=headers.get_header("WARC-Target-URI") or "",
+        url=record.warc_header("WARC-Target-URI") or "",
         text=text,
         source="web",
         meta=meta,
     )
 
 
-def _payload_truncated(http: Any, length: int) -> bool:
+def _payload_truncated(http: Callable[[str], str | None] | None, length: int) -> bool:
     """The HTTP body is shorter than its own Content-Length: the crawler cut the page off.
 
     Only checked for identity-encoded bodies, where the header counts the bytes we hold.
     """
-    if http is None or http.get_header("Content-Encoding") or http.get_header("Transfer-Encoding"):
+    if http is None or http("Content-Encoding") or http("Transfer-Encoding"):
         return False
-    declared = http.get_header("Content-Length") or ""
+    declared = http("Content-Length") or ""
     return declared.strip().isdigit() and int(declared) > length
 
 

@@ -50,6 +50,7 @@ def test_defaults_fill_what_the_file_leaves_out():
 # Bad values of the data stages' configs: each one sentence at load time, naming the key.
 DATA_STAGE_BAD_VALUES = [
     ("ingest", "reader.format=html", "reader.format must be one of"),
+    ("ingest", "reader.warc_engine=warcio", "reader.warc_engine must be one of"),
     ("ingest", "reader.max_payload_bytes=0", "must be positive"),
     ("ingest", "reader.read_timeout_s=0", "read_timeout_s must be positive"),
     ("ingest", "reader.connect_timeout_s=-1", "connect_timeout_s"),

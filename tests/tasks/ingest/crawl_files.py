@@ -110,3 +110,12 @@ def english_warc(first_sentence: int, pages: int, host: str = "news.example") ->
                  article_page(f"Story {first_sentence + i}", prose(first_sentence + 8 * i)).encode())
         for i in range(pages)
     ]
+
+
+def raw_response(uri: str, http_head: bytes, body: bytes, warc_head: bytes = b"") -> bytes:
+    """A WARC response record written byte by byte, so a test can give it any HTTP head (odd
+    status lines, encodings, folded lines) that warcio's writer would tidy up."""
+    block = http_head + b"\r\n\r\n" + body
+    return (b"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: " + uri.encode() + b"\r\n"
+            b"WARC-Date: 2024-01-01T00:00:00Z\r\nWARC-Record-ID: <urn:uuid:" + uri.encode() + b">\r\n" + warc_head +
+            b"Content-Type: application/http; msgtype=response\r\nContent-Length: %d\r\n\r\n" % len(block) + block + b"\r\n\r\n")

@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from tasks.datasets import Stats
-from tasks.ingest.config import ReaderConfig
+from tasks.ingest.config import WARC_ENGINES, ReaderConfig
 from tasks.ingest.readers import InputError, expand_inputs, input_format, read_documents
 from tests.tasks.ingest.crawl_files import (
     conversion,
@@ -21,9 +21,11 @@ from tests.tasks.ingest.crawl_files import (
     gzip_members,
     jsonl,
     other_record,
+    raw_response,
     response,
     write,
 )
+from tests.tasks.test_integrity_inputs import READER_CASES
 
 HTML = b"<html><body><p>Hello there, this is a page.</p></body></html>"
 
@@ -38,15 +40,21 @@ def reason_counts(stats):
     return {k: v for k, v in stats.items() if k.startswith(("dropped.", "failed."))}
 
 
+@pytest.fixture(params=WARC_ENGINES)
+def warc_engine(request):
+    """Each WARC test runs with each ``reader.warc_engine``: they must read and count alike."""
+    return request.param
+
+
 # ---------------------------------------------------------------------------------------------
 # WARC
 
 
-def test_warc_response_records_become_html_documents_and_other_records_are_skipped(tmp_path):
+def test_warc_response_records_become_html_documents_and_other_records_are_skipped(tmp_path, warc_engine):
     records = [other_record("https://a.example/"), *english_warc(0, 2), other_record("https://a.example/", "metadata")]
     url = write(tmp_path / "crawl.warc.gz", gzip_members(records))
 
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
 
     assert [d.url for d in docs] == ["https://news.example/story-0", "https://news.example/story-1"]
     assert all(d.meta["format"] == "html" and d.text.startswith("<!DOCTYPE html>") for d in docs)
@@ -55,52 +63,52 @@ def test_warc_response_records_become_html_documents_and_other_records_are_skipp
     assert stats["bytes_in"] == (tmp_path / "crawl.warc.gz").stat().st_size
 
 
-def test_document_ids_are_deterministic_and_distinct(tmp_path):
+def test_document_ids_are_deterministic_and_distinct(tmp_path, warc_engine):
     url = write(tmp_path / "crawl.warc.gz", gzip_members(english_warc(0, 3)))
-    first, _ = read(url)
-    second, _ = read(url)
+    first, _ = read(url, warc_engine=warc_engine)
+    second, _ = read(url, warc_engine=warc_engine)
     assert [d.id for d in first] == [d.id for d in second]
     assert len({d.id for d in first}) == 3
 
 
-def test_charset_comes_from_the_http_header(tmp_path):
+def test_charset_comes_from_the_http_header(tmp_path, warc_engine):
     page = "<html><body><p>Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e</p></body></html>".encode("iso-8859-1")
     url = write(tmp_path / "a.warc", response("https://a.example/", page, "text/html; charset=ISO-8859-1"))
-    (doc,), _ = read(url)
+    (doc,), _ = read(url, warc_engine=warc_engine)
     assert "Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e" in doc.text and doc.meta["charset"] == "iso8859-1"
 
 
-def test_charset_falls_back_to_the_meta_tag(tmp_path):
+def test_charset_falls_back_to_the_meta_tag(tmp_path, warc_engine):
     page = '<html><head><meta charset="windows-1251"></head><body><p>Привет, мир</p></body></html>'.encode("cp1251")
     url = write(tmp_path / "a.warc", response("https://a.example/", page, "text/html"))
-    (doc,), _ = read(url)
+    (doc,), _ = read(url, warc_engine=warc_engine)
     assert "Привет, мир" in doc.text and doc.meta["charset"] == "cp1251"
 
 
-def test_a_wrong_declared_charset_is_replaced_by_detection(tmp_path):
+def test_a_wrong_declared_charset_is_replaced_by_detection(tmp_path, warc_engine):
     text = "Съешь же ещё этих мягких французских булок, да выпей чаю. " * 20
     page = f"<html><body><p>{text}</p></body></html>".encode("cp1251")
     url = write(tmp_path / "a.warc", response("https://a.example/", page, "text/html; charset=utf-8"))
-    (doc,), _ = read(url)
+    (doc,), _ = read(url, warc_engine=warc_engine)
     assert "французских булок" in doc.text
 
 
-def test_a_few_broken_bytes_are_replaced_and_counted(tmp_path):
+def test_a_few_broken_bytes_are_replaced_and_counted(tmp_path, warc_engine):
     page = (HTML * 10).replace(b"Hello", b"He\xffllo", 1).replace(b"page", b"pa\xc3\x28ge", 1)
     url = write(tmp_path / "a.warc", response("https://a.example/", page))
-    (doc,), stats = read(url)
+    (doc,), stats = read(url, warc_engine=warc_engine)
     assert "He\ufffdllo" in doc.text
     assert stats["decoded_with_replacements"] == 1
 
 
-def test_undecodable_bytes_are_dropped_and_counted(tmp_path):
+def test_undecodable_bytes_are_dropped_and_counted(tmp_path, warc_engine):
     junk = random.Random(0).randbytes(3000) + b"\x00" * 50
     url = write(tmp_path / "a.warc", response("https://a.example/", junk, "text/html"))
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
     assert docs == [] and reason_counts(stats) == {"dropped.read_undecodable": 1}
 
 
-def test_non_html_payloads_redirects_and_empty_records_are_dropped_with_reasons(tmp_path):
+def test_non_html_payloads_redirects_and_empty_records_are_dropped_with_reasons(tmp_path, warc_engine):
     records = [
         response("https://a.example/logo.png", b"\x89PNG\r\n\x1a\n" + bytes(100), "image/png"),
         response("https://a.example/old", b"<html>moved</html>", status="301 Moved Permanently"),
@@ -110,7 +118,7 @@ def test_non_html_payloads_redirects_and_empty_records_are_dropped_with_reasons(
         *english_warc(0, 1),
     ]
     url = write(tmp_path / "a.warc.gz", gzip_members(records))
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
     assert [d.url for d in docs] == ["https://news.example/story-0"]
     assert reason_counts(stats) == {
         "dropped.read_non_html": 2,
@@ -120,24 +128,24 @@ def test_non_html_payloads_redirects_and_empty_records_are_dropped_with_reasons(
     assert stats["in"] == 6 == stats["out"] + sum(reason_counts(stats).values())
 
 
-def test_truncated_gzip_keeps_the_complete_records_and_counts_the_truncation(tmp_path):
+def test_truncated_gzip_keeps_the_complete_records_and_counts_the_truncation(tmp_path, warc_engine):
     members = [gzip.compress(r, mtime=0) for r in english_warc(0, 3)]
     whole = b"".join(members)
     inside_last_member = len(whole) - len(members[-1]) // 2
     url = write(tmp_path / "a.warc.gz", whole[:inside_last_member])
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
     assert [d.url for d in docs] == ["https://news.example/story-0", "https://news.example/story-1"]
     assert reason_counts(stats) == {"failed.read_truncated_gzip": 1}
 
 
-def test_gzip_truncated_inside_a_record_header_is_still_counted(tmp_path):
+def test_gzip_truncated_inside_a_record_header_is_still_counted(tmp_path, warc_engine):
     records = english_warc(0, 2)
     cut = len(records[0]) + 40  # inside the second record's WARC header
     url = write(tmp_path / "a.warc.gz", gzip.compress(b"".join(records), mtime=0)[:-1])
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
     assert stats["failed.read_truncated_gzip"] == 1
     url = write(tmp_path / "b.warc.gz", gzip.compress(b"".join(records)[:cut], mtime=0)[:-8][: cut // 3])
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
     assert stats["failed.read_truncated_gzip"] == 1
 
 
@@ -146,44 +154,102 @@ def _lie_about_length(record: bytes, delta: int) -> bytes:
     return record.replace(b"Content-Length: %d" % length, b"Content-Length: %d" % (length + delta), 1)
 
 
-def test_a_short_content_length_drops_that_record_and_keeps_the_rest(tmp_path):
+def test_a_short_content_length_drops_that_record_and_keeps_the_rest(tmp_path, warc_engine):
     first, second, third = english_warc(0, 3)
     url = write(tmp_path / "a.warc.gz", gzip_members([first, _lie_about_length(second, -60), third]))
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
     assert [d.url for d in docs] == ["https://news.example/story-0", "https://news.example/story-2"]
     assert reason_counts(stats) == {"failed.read_bad_length": 1}
 
 
-def test_a_long_content_length_costs_only_its_own_record(tmp_path):
+def test_a_long_content_length_costs_only_its_own_record(tmp_path, warc_engine):
     first, second, third = english_warc(0, 3)
     url = write(tmp_path / "a.warc", first + _lie_about_length(second, 80) + third)
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
     assert [d.url for d in docs] == ["https://news.example/story-0", "https://news.example/story-2"]
     assert reason_counts(stats) == {"failed.read_bad_length": 1}
 
 
-def test_a_content_length_past_the_end_of_file_is_counted(tmp_path):
+def test_a_content_length_past_the_end_of_file_is_counted(tmp_path, warc_engine):
     first, second = english_warc(0, 2)
     url = write(tmp_path / "a.warc", first + _lie_about_length(second, 100_000))
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
     assert [d.url for d in docs] == ["https://news.example/story-0"]
     assert reason_counts(stats) == {"failed.read_bad_length": 1}
 
 
-def test_a_50_mb_page_is_skipped_and_the_next_record_still_read(tmp_path):
+def test_a_50_mb_page_is_skipped_and_the_next_record_still_read(tmp_path, warc_engine):
     big = b"<html><body>" + b"<p>" + b"x" * (50 * 1024 * 1024) + b"</p></body></html>"
     url = write(tmp_path / "a.warc.gz", gzip_members([response("https://a.example/big", big), *english_warc(0, 1)]))
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
     assert [d.url for d in docs] == ["https://news.example/story-0"]
     assert reason_counts(stats) == {"dropped.read_too_large": 1}
 
 
-def test_wet_conversion_records_are_read_as_plain_text(tmp_path):
+def test_wet_conversion_records_are_read_as_plain_text(tmp_path, warc_engine):
     records = [conversion("https://a.example/1", "First page text.\nSecond line."), conversion("https://a.example/2", " ")]
     url = write(tmp_path / "x.warc.wet.gz", gzip_members(records))
-    docs, stats = read(url)
+    docs, stats = read(url, warc_engine=warc_engine)
     assert [(d.url, d.text, d.meta["format"]) for d in docs] == [("https://a.example/1", "First page text.\nSecond line.", "text")]
     assert reason_counts(stats) == {"dropped.read_empty": 1}
+
+
+def _both_engines(path):
+    """(documents, stats) of ``path`` read with each engine, in ``WARC_ENGINES`` order."""
+    return [read(str(path), warc_engine=engine) for engine in WARC_ENGINES]
+
+
+ARCHIVE_CASES = [c for c in READER_CASES if input_format(c[1]) in ("warc", "wet")]
+
+
+@pytest.mark.parametrize(("case", "name", "data"), [c[:3] for c in ARCHIVE_CASES], ids=[c[0] for c in ARCHIVE_CASES])
+def test_every_bad_archive_input_gives_the_same_documents_and_counts_with_either_engine(tmp_path, case, name, data):
+    path = tmp_path / name
+    path.write_bytes(data)
+    (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = _both_engines(path)
+    assert fastwarc_docs == smelt_docs  # ids, urls, texts and meta (offsets included)
+    assert dict(fastwarc_stats) == dict(smelt_stats)
+
+
+PAGE = b"<html><body><p>" + b"An encoded page of plain words. " * 20 + b"</p></body></html>"
+CHUNKED = b"40\r\n" + PAGE[:64] + b"\r\n" + b"%x\r\n" % (len(PAGE) - 64) + PAGE[64:] + b"\r\n0\r\n\r\n"
+OK_HTML = b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8"
+# (HTTP head, body, extra WARC header lines, parsed by FastWARC rather than handed to warcio)
+ODD_RECORDS = [
+    (OK_HTML, PAGE, b"", True),
+    (OK_HTML + b"\r\nContent-Length: 99999", PAGE, b"", True),  # truncated payload
+    (b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html", PAGE, b"", True),
+    (b"HTTP/1.1  200 OK\r\nContent-Type: text/html", PAGE, b"", True),  # two spaces
+    (b"HTTP/1.1 200\r\nContent-Type : text/html\r\ncontent-type: image/png", PAGE, b"", True),
+    (b"HTTP/1.0 200 OK", PAGE, b"WARC-Identified-Payload-Type: image/png\r\n", True),
+    (OK_HTML + b"\r\nContent-Encoding: gzip", gzip.compress(PAGE), b"", False),
+    (OK_HTML + b"\r\nContent-Encoding: gzip", PAGE, b"", False),  # not gzip after all: warcio passes it through
+    (OK_HTML + b"\r\nContent-Encoding: deflate", zlib.compress(PAGE)[2:-4], b"", False),  # raw deflate
+    (OK_HTML + b"\r\nTransfer-Encoding: chunked", CHUNKED, b"", False),
+    (OK_HTML + b"\r\nTransfer-Encoding: chunked", PAGE, b"", False),  # not chunked after all
+    (b"garbage line\r\nContent-Type: text/html", PAGE, b"", False),
+    (b"HTTP/1.1 200 OK\nContent-Type: text/html", PAGE, b"", False),  # LF-only lines
+    (OK_HTML + b"\r\nX-Folded: a\r\n b", PAGE, b"", False),
+    (OK_HTML + b"\r\nNo colon here", PAGE, b"", False),
+    (OK_HTML + b"\r\nX-Name: caf\xc3\xa9", PAGE, b"", False),
+    (OK_HTML + b"\r\nX-Odd: a\x1c", PAGE, b"", False),
+    (OK_HTML, PAGE, b"X-Note: na\xefve\r\n", False),
+]
+
+
+def test_records_fastwarc_cannot_parse_as_warcio_does_go_to_warcio_and_read_alike(tmp_path):
+    from tasks.ingest.readers import _fastwarc_parsed, _WarcFramer
+
+    records = [raw_response(f"https://odd.example/{i}", head, body, warc) for i, (head, body, warc, _) in enumerate(ODD_RECORDS)]
+    records += [raw_response("<https://odd.example/angled>", OK_HTML, PAGE), raw_response("dns:odd.example", OK_HTML, PAGE)]
+    path = tmp_path / "odd.warc"
+    path.write_bytes(b"".join(records))
+    (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = _both_engines(path)
+    assert fastwarc_docs == smelt_docs and dict(fastwarc_stats) == dict(smelt_stats)
+    assert len(smelt_docs) >= 10 and smelt_stats["in"] == len(records)
+    framed = list(_WarcFramer(iter([path.read_bytes()]), 1 << 20, "gzip"))
+    taken = [_fastwarc_parsed(r) is not None for r in framed]
+    assert taken == [fast for *_, fast in ODD_RECORDS] + [False, True]
 
 
 def test_reads_a_warc_over_http(tmp_path):
@@ -311,7 +377,7 @@ def test_a_file_of_unknown_format_raises_a_clear_error(tmp_path):
     assert input_format(url, "jsonl") == "jsonl"
 
 
-def test_http_body_shorter_than_its_content_length_is_counted_as_truncated(tmp_path):
+def test_http_body_shorter_than_its_content_length_is_counted_as_truncated(tmp_path, warc_engine):
     import io
 
     from warcio.statusandheaders import StatusAndHeaders
@@ -331,7 +397,7 @@ def test_http_body_shorter_than_its_content_length_is_counted_as_truncated(tmp_p
     path = tmp_path / "cut.warc.gz"
     path.write_bytes(out.getvalue())
     stats = Stats()
-    docs = list(read_documents(str(path), ReaderConfig(), stats))
+    docs = list(read_documents(str(path), ReaderConfig(warc_engine=warc_engine), stats))
     assert [d.url for d in docs] == ["https://a.example/ok"]
     assert stats["dropped.read_truncated_payload"] == 1
 
