@@ -602,15 +602,16 @@ _ODD_HEAD_BYTES = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\xff]")  # where
 
 
 def _plain_head(raw: bytes) -> bool:
-    """ASCII without control characters (other than tab and line ends) and without folded lines."""
-    return _ODD_HEAD_BYTES.search(raw) is None and not any(f in raw for f in _FOLDED)
+    """ASCII without control characters (but tab), every line ending in CRLF, no folded lines."""
+    return (_ODD_HEAD_BYTES.search(raw) is None and raw.count(b"\r\n") == raw.count(b"\n") == raw.count(b"\r")
+            and not any(f in raw for f in _FOLDED))
 
 
 def _fastwarc_parsed(record: _Framed) -> _Parsed | None:
     """FastWARC's parse of a record's HTTP head, or None where warcio's would differ (warcio then parses it).
 
     The framer has already parsed the WARC head. FastWARC takes the plain case: ``_plain_head``
-    heads, an ``HTTP/`` status line, CRLF lines, ``name: value`` lines, no Content- or Transfer-Encoding (warcio
+    heads under 32 KiB, an ``HTTP/`` status line, CRLF lines, ``name: value`` lines, no Content- or Transfer-Encoding (warcio
     decodes those and passes a body that does not decode as declared through as it is, where
     FastWARC raises), a target URI warcio would not rewrite (``<uri>``, spaces).
     """
@@ -631,7 +632,10 @@ def _fastwarc_parsed(record: _Framed) -> _Parsed | None:
     if not (is_html and body and uri.startswith(("http:", "https:"))):  # where warcio parses no HTTP head
         return _Parsed(is_html, warc_header, None, "", io.BytesIO(body).read)
     http = HeaderMap()
-    end = http.parse(io.BytesIO(body))
+    try:
+        end = http.parse(io.BytesIO(body))
+    except OSError:  # e.g. a head over FastWARC's 32 KiB limit, which warcio reads
+        return None
     http_head, status_line = body[:end], http.status_line or ""
     if not (status_line.startswith("HTTP/") and http_head.startswith(status_line.encode() + b"\r\n")
             and http_head.endswith(b"\r\n\r\n") and _plain_head(http_head) and http_head.count(b"\n") == len(http) + 2

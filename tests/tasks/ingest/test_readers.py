@@ -229,11 +229,15 @@ ODD_RECORDS = [
     (OK_HTML + b"\r\nTransfer-Encoding: chunked", PAGE, b"", False),  # not chunked after all
     (b"garbage line\r\nContent-Type: text/html", PAGE, b"", False),
     (b"HTTP/1.1 200 OK\nContent-Type: text/html", PAGE, b"", False),  # LF-only lines
+    (OK_HTML + b"\r\nX-A: b\nContent-Type: image/png", PAGE, b"", False),  # one LF-only line
+    (OK_HTML + b"\r\nX-A: b\rc", PAGE, b"", False),  # a lone CR
+    (OK_HTML, PAGE, b"X-A: b\nWARC-Identified-Payload-Type: image/png\r\n", False),  # in the WARC head
     (OK_HTML + b"\r\nX-Folded: a\r\n b", PAGE, b"", False),
     (OK_HTML + b"\r\nNo colon here", PAGE, b"", False),
     (OK_HTML + b"\r\nX-Name: caf\xc3\xa9", PAGE, b"", False),
     (OK_HTML + b"\r\nX-Odd: a\x1c", PAGE, b"", False),
     (OK_HTML, PAGE, b"X-Note: na\xefve\r\n", False),
+    (OK_HTML + b"\r\nSet-Cookie: " + b"c" * 40_000, PAGE, b"", False),  # over FastWARC's header limit
 ]
 
 
