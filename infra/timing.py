@@ -3,8 +3,9 @@
 One step = (m + (p-1)/v) micro-batch slots on the slowest pipeline stage (the last term is the 1F1B /
 interleaved bubble, (p-1)/(m·v+p-1) of the step; ZB-V fills most of it with weight-gradient work) + the
 data-parallel traffic that compute cannot hide.
-Per micro-batch slot: forward+backward FLOPs of the stage (GEMMs at ``compute`` × peak, attention at
-``attention`` × that rate; + one more forward under full recomputation; selective recomputation reruns
+Per micro-batch slot: forward+backward FLOPs of the stage (GEMMs at ``compute`` × peak, attention's kernels
+at ``attention`` × that rate, scaled by their measured speed, see ``attention_seconds``; + one more forward
+under full recomputation, attention's included; selective recomputation reruns
 only memory-bound ops), the memory-bound ops themselves at HBM bandwidth (norms, residual adds, rotary,
 SwiGLU, the loss), the tensor-parallel collectives over NVLink (with sequence parallel: an all-gather and a
 reduce-scatter around attention and around the MLP, each way, so 8 per layer, 12 with recomputation) and
@@ -38,9 +39,23 @@ from infra.layout import Layout, ModelShape
 
 
 # Fitted in infra/validation.py (FITTED; tests/infra/test_validation.py keeps these equal): torchao float8's
-# GEMM speed-up on H100 (the PyTorch path smelt's trainer would take) and attention's rate relative to GEMMs.
+# GEMM speed-up on H100 (the PyTorch path smelt's trainer would take) and attention's rate relative to the
+# GEMMs' (FlashAttention-2 at 16K; see attention_seconds).
 FP8_SPEEDUP = 1.7308
-ATTENTION_RATE = 0.7233
+ATTENTION_RATE = 0.4741
+
+# Attention kernels on an H100 SXM5, head dim 128, bf16, TFLOP/s by the sequence length of the call (512 … 16K):
+# forward with the causal mask, forward without, backward without (FlashAttention-3 paper, Shah et al. 2024,
+# arXiv 2407.08608, Figures 5 and 6). FlashAttention-2 is what torch SDPA's flash backend and flash-attn 2 run
+# (torchtitan keeps SDPA on the flash backend on H100, pytorch/torchtitan#1196); cuDNN's fused attention is what
+# Transformer Engine picks on Hopper ("Select FusedAttention on sm90 ... for performance" in its backend
+# selection since 2024). The causal backward is taken at the forward's causal / non-causal ratio.
+KERNEL_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+ATTENTION_KERNELS = {
+    "fa2": ((191, 260, 298, 319, 333, 335), (309, 350, 362, 368, 370, 370), (214, 260, 291, 310, 318, 322)),
+    "cudnn": ((315, 410, 484, 518, 529, 539), (497, 574, 617, 609, 600, 595), (305, 408, 465, 499, 518, 516)),
+}
+H100_PEAK_TFLOPS = 989.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +70,8 @@ class TimingAssumptions:
     cp_overlap: float = 0.90  # share of a layer's attention compute the ring exchange can hide behind
     fp8_speedup: float = FP8_SPEEDUP  # FP8 linear GEMM rate / bf16 GEMM rate
     gather_bytes: float = 2.0  # bytes per parameter FSDP all-gathers: bf16, or 1 with float8 all-gather
-    attention: float = ATTENTION_RATE  # rate of attention's FLOPs (as counted: 12·H·Q·T) relative to the GEMMs'
+    attention: float = ATTENTION_RATE  # attention's rate (its kernels' FLOPs) relative to the GEMMs', FA2 at 16K
+    attention_kernel: str = "fa2"  # fa2 (torch SDPA's flash backend, flash-attn 2) | cudnn (Transformer Engine)
     layer_overhead_s: float = 0.0  # seconds per layer and pass that do not scale with tokens (backward: 2)
 
     def __post_init__(self) -> None:
@@ -63,6 +79,9 @@ class TimingAssumptions:
             raise ValueError(f"fp8_speedup must be in [1, 4], got {self.fp8_speedup}")
         if not 0 < self.attention <= 2:
             raise ValueError(f"attention must be in (0, 2], got {self.attention}")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention_kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
+                             f"got {self.attention_kernel!r}")
         if not 0 <= self.layer_overhead_s < 1:
             raise ValueError(f"layer_overhead_s must be in [0, 1), got {self.layer_overhead_s}")
         for name in ("compute", "network"):
@@ -173,6 +192,24 @@ def _fp8_cast_bytes(shape: ModelShape, tp: int) -> float:
     return 6 * (3 * h + f + 3 * h + 2 * kv + 2 * f) / tp
 
 
+def attention_seconds(shape: ModelShape, layout: Layout, gpu: GPU, a: TimingAssumptions) -> tuple[float, float]:
+    """Seconds per token and layer on one rank for causal attention's forward and backward kernels. The
+    forward does 2·H·Q·T FLOPs per token (half the square), the backward 2.5 times that (FlashAttention's
+    counts). They run at ``attention`` × the GEMM rate, scaled by the kernel's measured rate at the sequence
+    length each call sees (seq_len / cp) over FlashAttention-2's causal forward at 16K: so a TE stack's cuDNN
+    kernel runs 1.6× faster than FlashAttention-2, a 2K call 11% slower than a 16K one, and the backward
+    slower than the forward."""
+    c = shape.cfg
+    length = shape.seq_len // layout.cp
+    i = max([k for k, n in enumerate(KERNEL_LENGTHS) if n <= length] or [0])
+    causal, full, backward = (table[i] for table in ATTENTION_KERNELS[a.attention_kernel])
+    rate = gpu.peak_flops * (a.compute if a.compute is not None else gpu.compute_efficiency) * a.attention
+    reference = ATTENTION_KERNELS["fa2"][0][-1]
+    forward_flops = 2 * c.n_heads * c.head_dim * shape.seq_len / layout.tp
+    return (forward_flops / (rate * causal / reference),
+            2.5 * forward_flops / (rate * backward * causal / full / reference))
+
+
 def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
               a: TimingAssumptions = TimingAssumptions()) -> StepTime:
     cfg, s = shape.cfg, shape.seq_len
@@ -187,7 +224,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
 
     # Seconds per token on one rank: a layer's linear GEMMs (FP8 or bf16) and attention (bf16), the output.
     linear_flops = shape.layer_flops - shape.attention_flops
-    attention_s = shape.attention_flops / layout.tp / (rate * a.attention)
+    attention_fwd_s, attention_bwd_s = attention_seconds(shape, layout, gpu, a)
+    attention_s = attention_fwd_s + attention_bwd_s
     layer_s = (linear_flops / layout.tp / (rate * (a.fp8_speedup if fp8 else 1.0)) + attention_s
                + _elementwise_bytes(shape, layout.tp) / hbm)
     if fp8:
@@ -204,7 +242,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     recompute, recomputed = 0.0, 0
     if layout.activation_checkpoint == "full":  # the whole forward again, collectives included
         recomputed = layers
-        recompute = tokens * layers * layer_s / 3 + a.layer_overhead_s * layers
+        recompute = tokens * layers * ((layer_s - attention_s) / 3 + attention_fwd_s) + a.layer_overhead_s * layers
     elif layout.activation_checkpoint == "selective":  # memory-bound ops only: HBM traffic, no FLOPs
         recompute = tokens * layers * _selective_recompute_bytes(shape, layout.tp) / hbm
 
@@ -221,9 +259,9 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
         link = _group_bandwidth(gpu, layout.tp, layout.cp, nvlink, nic)
         kv_chunk = tokens * 2 * cfg.n_kv_heads * cfg.head_dim / layout.tp * 2
         ring_fwd = (layout.cp - 1) * kv_chunk / link
-        attn_fwd = tokens * attention_s / 3
-        forward = max(ring_fwd - a.cp_overlap * attn_fwd, 0.0) * (2 if layout.activation_checkpoint == "full" else 1)
-        cp = layers * (forward + max(2 * ring_fwd - a.cp_overlap * 2 * attn_fwd, 0.0))
+        forward = (max(ring_fwd - a.cp_overlap * tokens * attention_fwd_s, 0.0)
+                   * (2 if layout.activation_checkpoint == "full" else 1))
+        cp = layers * (forward + max(2 * ring_fwd - a.cp_overlap * tokens * attention_bwd_s, 0.0))
     slot = compute + recompute + tp + pp + cp
 
     # Data-parallel traffic per rank, ring collectives over the shard group (dp_shard × cp), then across

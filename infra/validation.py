@@ -21,7 +21,11 @@ How a row is scored:
 Fitted constants (``FITTED``), each solved on one stated row, in this order; every other row is a prediction:
 - ``meta``, ``megatron``, ``llm-foundry``, ``torchtitan``: the fraction of the H100/H200 SXM dense bf16 peak a
   stack's GEMM math reaches when nothing waits on the network (kernel quality, fusion, launch overheads);
-- ``fp8_speedup``: how many times faster the FP8 linear GEMMs run than bf16 ones (datasheet: 2);
+- ``attention``: attention's rate relative to the GEMMs' for FlashAttention-2 at 16K; other kernels (cuDNN's,
+  under Transformer Engine) and call lengths scale by their measured speed (``infra.timing.attention_seconds``);
+- ``fp8_te``, ``fp8_torchtitan``: how many times faster the FP8 linear GEMMs run than bf16 ones (datasheet: 2)
+  under Transformer Engine and under torchao float8;
+- ``fsdp1_layer_ms``: LLM Foundry's fixed cost per layer and pass (forward once, backward twice);
 - ``a100``, ``h100-96gb-500w``: that GPU's efficiency relative to an H100 SXM under the same stack.
 """
 
@@ -58,6 +62,7 @@ class Stack:
     fp8: str = ""  # the FITTED constant for its FP8 GEMM speed-up ('' = fp8_ + the efficiency constant)
     overhead: str = ""  # the FITTED constant for its per-layer fixed cost in ms ('' = none)
     system: str = ""  # the system it is a release of ('' = its name)
+    attention_kernel: str = "fa2"  # infra.timing.ATTENTION_KERNELS: fa2 (torch SDPA, flash-attn 2) | cudnn (TE)
 
     @property
     def constant(self) -> str:
@@ -75,15 +80,15 @@ class Stack:
 STACKS = {
     "meta": Stack("meta", "Meta's Llama 3 stack", saves="megatron", tp_overlap=False),
     "megatron": Stack("megatron", "Megatron-LM / NeMo (Megatron-Core + Transformer Engine)", saves="megatron",
-                      tp_overlap=True),
+                      tp_overlap=True, attention_kernel="cudnn"),
     # NeMo's performance scripts (scripts/performance/helpers.py, set_precision_configs) reduce gradients in
     # bf16 and, for FP8, gather FP8 parameters (recipes/precision/mixed_precision.py: fp8_param_gather).
     "nemo": Stack("nemo", "NeMo / Megatron-Bridge performance recipes (Megatron-Core + Transformer Engine)",
                   saves="megatron", tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron",
-                  fp8="fp8_te"),
-    # The benchmark tables ran Composer's FSDP (torch 1.13's FullyShardedDataParallel, eager, autocast over fp32
-    # flat parameters); FP8 rows swap the linear layers for Transformer Engine's (scripts/train/benchmarking/
-    # submit_benchmarks.py: fc_type 'te', TransformerEngine v0.10), so they share NeMo's FP8 speed-up.
+                  fp8="fp8_te", attention_kernel="cudnn"),
+    # The benchmark tables (October 2023, January 2024) ran Composer's eager FSDP (FullyShardedDataParallel);
+    # FP8 rows swap the linear layers for Transformer Engine's (scripts/train/benchmarking/submit_benchmarks.py:
+    # fc_type 'te', TransformerEngine v0.10), so they share NeMo's FP8 speed-up; attention is flash-attn/Triton.
     "llm-foundry": Stack("llm-foundry", "MosaicML LLM Foundry (Composer, PyTorch FSDP)", saves="torch",
                          tp_overlap=False, fp8="fp8_te", overhead="fsdp1_layer_ms"),
     # December 2024: the loss is not compiled (train.py at 9dec370: "compiling loss function causes CUDA
@@ -271,8 +276,8 @@ RUNS: list[Run] = [
 # Solved by ``fit()`` on the rows marked ``fits`` (tests/infra/test_validation.py re-fits them).
 FIT_ORDER = ("meta", "attention", "megatron", "fp8_te", "llm-foundry", "fsdp1_layer_ms", "a100",
              "torchtitan", "h100-96gb-500w", "fp8_torchtitan")
-FITTED = {"meta": 0.5677, "attention": 0.7233, "megatron": 0.5232, "fp8_te": 2.2371, "llm-foundry": 0.6107,
-          "fsdp1_layer_ms": 2.0768, "a100": 1.213, "torchtitan": 0.55, "h100-96gb-500w": 0.8247, "fp8_torchtitan": 1.7308}
+FITTED = {"meta": 0.5677, "attention": 0.4741, "megatron": 0.5113, "fp8_te": 2.1267, "llm-foundry": 0.6233,
+          "fsdp1_layer_ms": 2.1054, "a100": 1.2107, "torchtitan": 0.5499, "h100-96gb-500w": 0.8248, "fp8_torchtitan": 1.7308}
 
 
 @dataclass(frozen=True)
@@ -323,7 +328,7 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
     timing = TimingAssumptions(compute=min(1.0, constants[stack.constant] * relative),
                                tp_overlap=TimingAssumptions().dp_overlap if overlap else 0.0,
                                fp8_speedup=constants.get(stack.fp8_constant, 1.0),
-                               attention=constants["attention"],
+                               attention=constants["attention"], attention_kernel=stack.attention_kernel,
                                layer_overhead_s=constants[stack.overhead] / 1e3 if stack.overhead else 0.0,
                                gather_bytes=1.0 if run.fp8_all_gather else 2.0)
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.

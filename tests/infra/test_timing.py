@@ -1,10 +1,12 @@
 """FLOPs per token against the formula; step time parts against hand computation."""
 
+import dataclasses
+
 import pytest
 
 from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape, split_stages
-from infra.timing import TimingAssumptions, step_time
+from infra.timing import TimingAssumptions, attention_seconds, step_time
 from tasks.model_config import PRESETS
 
 
@@ -54,16 +56,26 @@ def test_zero_bubble_v_leaves_a_small_share_of_the_1f1b_bubble():
     assert zbv.bubble < 0.1 * one_f_one_b.bubble
 
 
+def _attention(rate, seq=2048):
+    """Attention at the GEMM ``rate`` (``attention=1``) scaled by FlashAttention-2's measured speed at 2K over its
+    causal forward at 16K (FlashAttention-3 paper: causal forward 298 of 335 TFLOP/s, 362 without the mask,
+    backward 291 without it); the forward does 2·H·Q·T FLOPs per token, the backward 2.5 times that."""
+    forward = 2 * 768 * seq
+    return forward / (rate * 298 / 335), 2.5 * forward / (rate * 291 * 298 / 362 / 335)
+
+
 def _seconds_per_token(shape, rate, hbm=3.35e12):
-    """Hand count for the 125m model (h 768, kv 256, f 2048, 12 layers, vocabulary 32,000): GEMMs at ``rate``,
-    the memory-bound ops (52h + 8kv + 16f bytes per layer) and the loss (12 bytes per logit) at HBM speed."""
-    layer = shape.layer_flops / rate + (52 * 768 + 8 * 256 + 16 * 2048) / hbm
+    """Hand count for the 125m model (h 768, kv 256, f 2048, 12 layers, vocabulary 32,000): linear GEMMs at
+    ``rate``, attention at FlashAttention-2's measured rate, the memory-bound ops (52h + 8kv + 16f bytes per
+    layer) and the loss (12 bytes per logit) at HBM speed."""
+    layer = ((shape.layer_flops - shape.attention_flops) / rate + sum(_attention(rate))
+             + (52 * 768 + 8 * 256 + 16 * 2048) / hbm)
     return layer, 12 * layer + shape.output_flops / rate + 12 * 32000 / hbm
 
 
 def test_one_gpu_without_communication_runs_at_the_compute_efficiency_plus_memory_bound_ops():
     shape = ModelShape(PRESETS["125m"], 2048)
-    plain = TimingAssumptions(compute=0.5, attention=1.0)  # attention at the GEMM rate
+    plain = TimingAssumptions(compute=0.5, attention=1.0)
     step = step_time(shape, Layout(1, 1, 1, 1, 3, 1), gpu("h100"), global_seqs=4, a=plain)
     assert step.tp_comm == step.dp_comm == step.bubble == step.pp_comm == step.cp_comm == 0
     _, per_token = _seconds_per_token(shape, 0.5 * 989e12)
@@ -76,8 +88,25 @@ def test_full_recomputation_costs_one_more_forward_of_the_layers():
     step = step_time(shape, Layout(1, 1, 1, 1, 3, 1, "full"), gpu("h100"), 4,
                      TimingAssumptions(compute=0.5, attention=1.0))
     layer, per_token = _seconds_per_token(shape, 0.5 * 989e12)
-    assert step.recompute == pytest.approx(4 * 2048 * 12 * layer / 3)
-    assert step.mfu == pytest.approx(shape.flops_per_token / ((per_token + 12 * layer / 3) * 989e12))
+    forward, backward = _attention(0.5 * 989e12)
+    again = (layer - forward - backward) / 3 + forward  # the linear and memory-bound third, attention's forward
+    assert step.recompute == pytest.approx(4 * 2048 * 12 * again)
+    assert step.mfu == pytest.approx(shape.flops_per_token / ((per_token + 12 * again) * 989e12))
+
+
+def test_attention_runs_at_its_kernels_measured_rate():
+    # cuDNN's fused attention (Transformer Engine on Hopper) is faster than FlashAttention-2; longer calls run
+    # nearer the kernels' peak; under context parallel each call sees seq_len / cp
+    shape = ModelShape(PRESETS["8b"], 8192)
+    one = Layout(1, 1, 1, 8, 3, 1)
+    fa2 = sum(attention_seconds(shape, one, gpu("h100"), TimingAssumptions()))
+    cudnn = sum(attention_seconds(shape, one, gpu("h100"), TimingAssumptions(attention_kernel="cudnn")))
+    assert 1.5 < fa2 / cudnn < 1.7  # FlashAttention-3 paper at 8K: 529 vs 333 causal forward, 518 vs 318 backward
+    short = sum(attention_seconds(ModelShape(PRESETS["8b"], 1024), one, gpu("h100"), TimingAssumptions()))
+    assert short * 8 > fa2  # an eighth of the FLOPs per token, but a slower kernel at 1K
+    cp2 = dataclasses.replace(one, cp=2, dp_shard=4)
+    ring = sum(attention_seconds(ModelShape(PRESETS["8b"], 16384), cp2, gpu("h100"), TimingAssumptions()))
+    assert ring == pytest.approx(2 * fa2)  # twice the keys per query, the same 8K calls
 
 
 def test_selective_recomputation_costs_memory_traffic_not_flops():
