@@ -32,9 +32,29 @@ def _group_starts(*columns: np.ndarray) -> np.ndarray:
     return first
 
 
+def _repeated(keys: np.ndarray) -> np.ndarray:
+    """Indices (ascending) of a superset of the entries whose key occurs more than once.
+
+    One ``np.sort`` of plain uint64 values (SIMD, ~7× faster than an argsort): each key's high
+    bits packed with its index, so equal keys sort next to each other; an entry whose high bits
+    alone repeat is kept too (rare, and harmless: it ends up in a group of one).
+    """
+    n = len(keys)
+    bits = np.uint64(max(1, (n - 1).bit_length()))
+    low = (np.uint64(1) << bits) - np.uint64(1)
+    packed = np.sort((keys & ~low) | np.arange(n, dtype=np.uint64))
+    high = packed >> bits
+    same = high[1:] == high[:-1]
+    repeated = np.zeros(n, dtype=bool)
+    repeated[1:] |= same
+    repeated[:-1] |= same
+    return np.sort((packed[repeated] & low).astype(np.int64))
+
+
 def exact_edges(records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(representative, member) document pairs for every exact-duplicate group in ``records``."""
-    recs = records[records["band"] == EXACT_BAND]
+    exact = np.flatnonzero(records["band"] == EXACT_BAND)
+    recs = records[exact[_repeated(records["key"][exact])]]  # only repeated keys form groups: the same edges
     recs = recs[np.lexsort((recs["doc"], recs["tag"], recs["key"]))]
     first = _group_starts(recs["key"], recs["tag"])
     group = np.cumsum(first) - 1
@@ -43,25 +63,12 @@ def exact_edges(records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return representative[member], recs["doc"][member]
 
 
-def _repeated(keys: np.ndarray) -> np.ndarray:
-    """Mask of the entries whose key occurs more than once (one sort of one column)."""
-    order = np.argsort(keys)
-    ordered = keys[order]
-    repeated = np.zeros(len(keys), dtype=bool)
-    same = ordered[1:] == ordered[:-1]
-    repeated[1:] |= same
-    repeated[:-1] |= same
-    mask = np.empty(len(keys), dtype=bool)
-    mask[order] = repeated
-    return mask
-
-
 def near_candidates(records: np.ndarray, fanout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(a, b, band) candidate pairs with a < b, from documents that share a band key."""
-    recs = records[records["band"] != EXACT_BAND]
+    near = np.flatnonzero(records["band"] != EXACT_BAND)
     # Most band keys are unique and can pair with nothing: drop them before the four-column sort,
     # which then orders only the (few) records of shared keys — the same pairs, in the same order.
-    recs = recs[_repeated(recs["key"])]
+    recs = records[near[_repeated(records["key"][near])]]
     recs = recs[np.lexsort((recs["doc"], recs["tag"], recs["band"], recs["key"]))]
     recs = recs[_group_starts(recs["key"], recs["band"], recs["tag"])]  # one document per exact copy set
     first = _group_starts(recs["key"], recs["band"])

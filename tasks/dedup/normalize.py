@@ -69,12 +69,44 @@ def spaced_bytes(text: str) -> bytes:
     return " ".join(normalized_words(text)).encode("utf-8")
 
 
+def spaced_batch(texts) -> tuple[bytes, np.ndarray]:
+    """A pyarrow string array's ``spaced_bytes``, concatenated, and the D + 1 offsets of each text.
+
+    Read from the array's UTF-8 buffer with one ``bytes.translate`` for the whole batch: no Python
+    string per document. Only texts with non-ASCII bytes (and batches with nulls, which count as
+    empty) go through the per-document Unicode path.
+    """
+    import pyarrow as pa
+
+    if texts.null_count or not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
+        pieces = [spaced_bytes(t or "") for t in texts.to_pylist()]
+        return b"".join(pieces), np.r_[0, np.cumsum([len(p) for p in pieces], dtype=np.int64)]
+    _, offsets_buffer, data = texts.buffers()[:3]
+    width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+    offsets = np.frombuffer(offsets_buffer, dtype=width)[texts.offset : texts.offset + len(texts) + 1].astype(np.int64)
+    raw = bytes(memoryview(data)[offsets[0] : offsets[-1]]) if data is not None else b""
+    bounds = offsets - offsets[0]
+    spaced = raw.translate(_ASCII)
+    if raw.isascii():
+        return spaced, bounds
+    high = np.flatnonzero(np.frombuffer(raw, dtype=np.uint8) >= 0x80)
+    unicode_docs = np.unique(np.searchsorted(bounds, high, side="right") - 1).tolist()
+    pieces, sizes, done = [], np.diff(bounds), 0
+    for d in unicode_docs:
+        piece = spaced_bytes(texts[d].as_py())
+        pieces += [spaced[bounds[done] : bounds[d]], piece]
+        sizes[d], done = len(piece), d + 1
+    pieces.append(spaced[bounds[done] :])
+    return b"".join(pieces), np.r_[0, np.cumsum(sizes)]
+
+
 @dataclasses.dataclass
 class Words:
     """The words of a batch of ``spaced_bytes`` texts, found with NumPy (no Python object per word).
 
-    ``blob`` holds the texts joined by one space; word ``k`` is ``blob[starts[k]:ends[k]]``;
-    document ``d`` has ``counts[d]`` words, its first at ``first[d]``.
+    ``blob`` holds the texts back to back (and one space at the end); word ``k`` is
+    ``blob[starts[k]:ends[k]]``, never crossing from one text into the next; document ``d`` has
+    ``counts[d]`` words, its first at ``first[d]``.
     """
 
     blob: np.ndarray  # uint8
@@ -85,15 +117,31 @@ class Words:
 
     @classmethod
     def of(cls, texts: list[bytes]) -> "Words":
-        blob = np.frombuffer(b" ".join(texts) + b" ", dtype=np.uint8)
-        edges = np.diff(np.r_[False, blob != _SPACE, False].view(np.int8))
-        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-        text_starts = np.zeros(len(texts), dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))[:-1] + 1, out=text_starts[1:])
-        counts = np.bincount(np.searchsorted(text_starts, starts, side="right") - 1, minlength=len(texts))
-        first = np.zeros(len(texts), dtype=np.int64)
-        np.cumsum(counts[:-1], out=first[1:])
-        return cls(blob, starts, ends, counts, first)
+        sizes = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        return cls.of_concatenated(b"".join(texts), np.r_[0, np.cumsum(sizes)])
+
+    @classmethod
+    def of_arrow(cls, texts) -> "Words":
+        """The words of a pyarrow string array of raw texts (``spaced_batch``)."""
+        return cls.of_concatenated(*spaced_batch(texts))
+
+    @classmethod
+    def of_concatenated(cls, spaced: bytes, bounds: np.ndarray) -> "Words":
+        """The words of texts concatenated in ``spaced``, text ``d`` at ``bounds[d]:bounds[d+1]``."""
+        blob = np.frombuffer(spaced + b" ", dtype=np.uint8)
+        nonspace = np.zeros(len(blob) + 1, dtype=bool)
+        np.not_equal(blob, _SPACE, out=nonspace[1:])
+        edges = np.flatnonzero(nonspace[1:] != nonspace[:-1])  # alternately a word's start and its end
+        starts, ends = edges[0::2], edges[1::2]
+        # A text ending in a letter is followed directly by the next text's first letter: split there.
+        joins = np.unique(bounds[1:-1])
+        joins = joins[(joins > 0) & (joins < len(spaced))]
+        joins = joins[(blob[joins - 1] != _SPACE) & (blob[joins] != _SPACE)]
+        if len(joins):
+            starts = np.insert(starts, np.searchsorted(starts, joins), joins)
+            ends = np.insert(ends, np.searchsorted(ends, joins), joins)
+        first = np.searchsorted(starts, bounds)
+        return cls(blob, starts, ends, np.diff(first), first[:-1])
 
     def normalized(self) -> list[bytes]:
         """Each document's words joined by single spaces: ``normalize_text(text).encode()``."""

@@ -75,12 +75,25 @@ def read_npy(url: str) -> np.ndarray:
         return np.load(io.BytesIO(f.read()), allow_pickle=False)
 
 
+def ragged_index(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Positions ``starts[k] … starts[k] + sizes[k] - 1`` for every k, concatenated."""
+    index = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+    index += np.arange(len(index), dtype=index.dtype)
+    return index
+
+
 class RaggedFile:
     """Per-document variable-length arrays (``<url>.npy`` + ``<url>.offsets.npy``)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, offsets: np.ndarray | None = None):
         self.values = NpyFile(url + ".npy")
-        self.offsets = read_npy(url + ".offsets.npy")
+        self.offsets = read_npy(url + ".offsets.npy") if offsets is None else offsets
 
-    def rows(self, index: np.ndarray) -> list[np.ndarray]:
-        return [self.values.span(int(self.offsets[i]), int(self.offsets[i + 1])) for i in index]
+    def rows(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(values of rows ``index`` concatenated in that order, each row's size): one gather for
+        a local file, one ranged read per row otherwise."""
+        starts, sizes = self.offsets[index], self.offsets[np.asarray(index) + 1] - self.offsets[index]
+        if self.values.local:
+            return self.values.rows(ragged_index(starts, sizes)), sizes
+        parts = [self.values.span(int(lo), int(lo + n)) for lo, n in zip(starts, sizes)]
+        return (np.concatenate(parts) if parts else np.zeros(0, self.values.dtype)), sizes

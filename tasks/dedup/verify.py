@@ -19,7 +19,8 @@ import dataclasses
 
 import numpy as np
 
-from tasks.dedup.store import NpyFile, RaggedFile
+from tasks.dedup.lsh import band_keys
+from tasks.dedup.store import NpyFile, RaggedFile, ragged_index, read_npy
 
 ROW_BITS = np.uint64(32)
 
@@ -39,6 +40,8 @@ class SignatureStore:
 
     signature_urls: list[str]
     shingle_urls: list[str] | None = None
+    # Each shard's shingle offsets once read (8 B per document): a bucket reads them for every chunk.
+    _offsets: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def _by_shard(self, docs: np.ndarray):
         """(shard, positions in ``docs``, rows) for each shard the documents live in."""
@@ -61,64 +64,104 @@ class SignatureStore:
             out[where] = values
         return out
 
-    def shingle_sets(self, docs: np.ndarray) -> list[np.ndarray]:
+    def shingles(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(values, offsets): the shingle hashes of sorted documents (as ``np.unique`` returns
+        them), concatenated; document i's are ``values[offsets[i]:offsets[i+1]]``."""
         if self.shingle_urls is None:
             raise ValueError("shingle sets were not stored; exact Jaccard needs dedup.verify = 'jaccard'")
-        out: list[np.ndarray] = [np.zeros(0)] * len(docs)
-        for shard, where, rows in self._by_shard(docs):
-            for i, values in zip(where, RaggedFile(self.shingle_urls[shard]).rows(rows)):
-                out[i] = values
-        return out
+        values, sizes = [np.zeros(0, np.uint32)], [np.zeros(0, np.int64)]
+        for shard, _, rows in self._by_shard(docs):
+            url = self.shingle_urls[shard]
+            if shard not in self._offsets:
+                self._offsets[shard] = read_npy(url + ".offsets.npy")
+            v, n = RaggedFile(url, self._offsets[shard]).rows(rows)
+            values.append(v)
+            sizes.append(n)
+        offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate(sizes), out=offsets[1:])
+        return np.concatenate(values), offsets
 
 
-def first_equal_band(sig_a: np.ndarray, sig_b: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """Index of the first band where each pair's signatures agree, or -1 where none does."""
-    n = len(sig_a)
-    banded_a = sig_a[:, : bands * rows].reshape(n, bands, rows)
-    banded_b = sig_b[:, : bands * rows].reshape(n, bands, rows)
-    equal = (banded_a == banded_b).all(axis=2)  # (pairs, bands)
-    return np.where(equal.any(axis=1), equal.argmax(axis=1), -1)
+def first_equal_band(signatures: np.ndarray, a: np.ndarray, b: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """Index of the first band where the signatures of documents ``a[i]`` and ``b[i]`` (rows of
+    ``signatures``) agree, or -1 where none does.
+
+    Compares band keys (bands values per pair instead of bands × rows), then confirms each pair's
+    first equal key against the values themselves, so a key collision never counts as a band.
+    """
+    keys = band_keys(signatures, bands, rows)
+    equal = keys[a] == keys[b]  # (pairs, bands)
+    first = np.full(len(a), -1, dtype=np.int64)
+    pending = np.flatnonzero(equal.any(axis=1))
+    columns = np.arange(rows)
+    while len(pending):
+        band = equal[pending].argmax(axis=1)
+        cols = band[:, None] * rows + columns
+        same = (signatures[a[pending, None], cols] == signatures[b[pending, None], cols]).all(axis=1)
+        first[pending[same]] = band[same]
+        collided, band = pending[~same], band[~same]
+        equal[collided, band] = False
+        pending = collided[equal[collided].any(axis=1)]
+    return first
 
 
 def estimated_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> np.ndarray:
     return (sig_a == sig_b).mean(axis=1)
 
 
-def exact_jaccard(sets_a: list[np.ndarray], sets_b: list[np.ndarray]) -> np.ndarray:
-    """Jaccard similarity of pairs of sorted, duplicate-free arrays, vectorised over pairs."""
-    n = len(sets_a)
+def exact_jaccard(values: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Jaccard similarity of the distinct values of documents ``a[i]`` and ``b[i]`` of a ragged
+    array (document d's values are ``values[offsets[d]:offsets[d+1]]``, in any order, repeats
+    allowed), vectorised over pairs: one sort of (pair, value, side) and counts of what differs."""
+    n = len(a)
     if n == 0:
         return np.zeros(0)
-    size_a = np.fromiter(map(len, sets_a), np.int64, n)
-    size_b = np.fromiter(map(len, sets_b), np.int64, n)
-    values = np.concatenate([v for pair in zip(sets_a, sets_b) for v in pair])
-    pair = np.repeat(np.arange(n, dtype=np.uint64), size_a + size_b)
-    if values.dtype == np.uint32:  # one sort of (pair, value) packed in 64 bits beats a lexsort
-        packed = np.sort((pair << np.uint64(32)) | values.astype(np.uint64))
-        values, pair = packed & np.uint64(0xFFFFFFFF), packed >> np.uint64(32)
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    sizes = np.concatenate([offsets[a + 1] - offsets[a], offsets[b + 1] - offsets[b]])
+    taken = values[ragged_index(np.concatenate([offsets[a], offsets[b]]), sizes)]
+    if values.dtype.itemsize <= 4:  # (pair, value, side) packed in 64 bits: one sort beats a lexsort
+        label = np.arange(n + 1, dtype=np.uint64) << np.uint64(33)
+        key = taken.astype(np.uint64)
+        key <<= np.uint64(1)
+        key |= np.repeat(np.concatenate([label[:-1], label[:-1] | np.uint64(1)]), sizes)
+        key.sort()
+        change = key[1:] ^ key[:-1]  # 0: a repeat; 1: the same value on the other side; more: a new value
+        bounds = np.searchsorted(key, label)  # each pair's range of keys
+        new_value = np.flatnonzero(np.r_[True, change != 0])
+        on_both_sides = np.flatnonzero(change == 1) + 1
+        distinct = np.diff(np.searchsorted(new_value, bounds))
+        intersection = np.diff(np.searchsorted(on_both_sides, bounds))
     else:
-        order = np.lexsort((values, pair))
-        values, pair = values[order], pair[order]
-    shared = (values[1:] == values[:-1]) & (pair[1:] == pair[:-1])
-    pair = pair.astype(np.int64)
-    intersection = np.bincount(pair[1:][shared], minlength=n)
-    union = size_a + size_b - intersection
+        pair = np.repeat(np.tile(np.arange(n, dtype=np.int64), 2), sizes)
+        side = np.repeat(np.repeat(np.array([0, 1], dtype=np.int8), n), sizes)
+        order = np.lexsort((side, taken, pair))
+        pair, taken, side = pair[order], taken[order], side[order]
+        same_value = (pair[1:] == pair[:-1]) & (taken[1:] == taken[:-1])
+        new_value = np.r_[True, ~same_value | (side[1:] != side[:-1])]
+        pair, taken = pair[new_value], taken[new_value]
+        both = (pair[1:] == pair[:-1]) & (taken[1:] == taken[:-1])
+        intersection = np.bincount(pair[1:][both], minlength=n)
+        distinct = np.bincount(pair, minlength=n)
+    union = distinct - intersection
     return np.where(union > 0, intersection / np.maximum(union, 1), 1.0)
 
 
 def similarity(store: SignatureStore, a: np.ndarray, b: np.ndarray, mode: str, chunk: int = 2048) -> np.ndarray:
     """Similarity of document pairs as the verification mode measures it.
 
-    ``chunk`` pairs at a time: exact Jaccard sorts every shingle of a chunk's pairs (~50 B of
-    working memory per shingle), so this bounds the memory of a bucket however many pairs it has.
+    ``chunk`` pairs at a time, each of their documents read once: exact Jaccard sorts every
+    shingle of a chunk's pairs (~50 B of working memory per shingle), so this bounds the memory
+    of a bucket however many pairs it has.
     """
     out = np.zeros(len(a))
     for lo in range(0, len(a), chunk):
-        pa, pb = a[lo : lo + chunk], b[lo : lo + chunk]
+        docs, inverse = np.unique(np.concatenate([a[lo : lo + chunk], b[lo : lo + chunk]]), return_inverse=True)
+        ia, ib = np.split(inverse, 2)
         if mode == "jaccard":
-            out[lo : lo + chunk] = exact_jaccard(store.shingle_sets(pa), store.shingle_sets(pb))
+            out[lo : lo + chunk] = exact_jaccard(*store.shingles(docs), ia, ib)
         else:
-            out[lo : lo + chunk] = estimated_jaccard(store.signatures(pa), store.signatures(pb))
+            signatures = store.signatures(docs)
+            out[lo : lo + chunk] = estimated_jaccard(signatures[ia], signatures[ib])
     return out
 
 
@@ -138,12 +181,12 @@ def verify_pairs(
         return a, b, np.zeros(0), 0
     docs, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
     signatures = store.signatures(docs)
-    sig_a, sig_b = signatures[inverse[: len(a)]], signatures[inverse[len(a) :]]
-    judged_here = first_equal_band(sig_a, sig_b, bands, rows) == band.astype(np.int64)
+    ia, ib = np.split(inverse, 2)
+    judged_here = first_equal_band(signatures, ia, ib, bands, rows) == band.astype(np.int64)
     a, b = a[judged_here], b[judged_here]
     if mode == "jaccard":
         sims = similarity(store, a, b, mode)
     else:
-        sims = estimated_jaccard(sig_a[judged_here], sig_b[judged_here])
+        sims = estimated_jaccard(signatures[ia[judged_here]], signatures[ib[judged_here]])
     keep = sims >= threshold if mode != "none" else np.ones(len(a), dtype=bool)
     return a[keep], b[keep], sims[keep], int(judged_here.sum())
