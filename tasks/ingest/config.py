@@ -274,7 +274,7 @@ class ReaderConfig:
     # decompression and every fault count are the same either way): smelt (warcio, pure Python) |
     # fastwarc (FastWARC's native header parser; a record it cannot take exactly as warcio would,
     # e.g. a gzip or chunked body, goes to warcio). README "How each stage scales out" gives the cost of each.
-    warc_engine: str = "smelt"
+    warc_engine: str = "fastwarc"
 
     def __post_init__(self) -> None:
         formats = ("auto", "warc", "wet", "jsonl", "parquet")
