@@ -6,9 +6,9 @@ Parquet with a ``text`` field (optional ``id``, ``url``, ``source``, ``meta``).
 
 Everything streams: one record is in memory at a time and payloads over ``max_payload_bytes`` are
 skipped without being held, so a 1 GB WARC file never sits in memory whole. Compression is
-inferred from the name (``.gz``, ``.zst``) and decompressed here, not by warcio, because Python's
-gzip reader raises on a truncated file where warcio's own decompressor stops silently; record
-offsets are therefore positions in the uncompressed stream.
+inferred from the name (``.gz``, ``.zst``) and decompressed here, not by warcio or FastWARC, because
+their decompressors pass a truncated file silently; record offsets are therefore positions in the
+uncompressed stream. ``reader.warc_engine`` picks who parses each framed record's HTTP head.
 
 Data faults are counted and skipped, never raised (DESIGN.md §3). Counters:
 ``in`` (candidate records: WARC responses, WET conversions, JSONL lines, Parquet rows),
@@ -608,12 +608,14 @@ def _plain_head(raw: bytes) -> bool:
 
 
 def _fastwarc_parsed(record: _Framed) -> _Parsed | None:
-    """FastWARC's parse of a record's HTTP head, or None where warcio's would differ (warcio then parses it).
+    """FastWARC's parse of a record's HTTP head, or None where warcio's might differ (warcio parses those).
 
-    The framer has already parsed the WARC head. FastWARC takes the plain case: ``_plain_head``
-    heads under 32 KiB, an ``HTTP/`` status line, CRLF lines, ``name: value`` lines, no Content- or Transfer-Encoding (warcio
-    decodes those and passes a body that does not decode as declared through as it is, where
-    FastWARC raises), a target URI warcio would not rewrite (``<uri>``, spaces).
+    The framer has parsed the WARC head already. FastWARC takes the plain case: ``_plain_head``
+    heads; an HTTP head under FastWARC's 32 KiB limit that starts ``HTTP/`` and holds only
+    ``name: value`` lines; no Content- or Transfer-Encoding (warcio decodes those, and passes a body
+    that does not decode as declared through as it is, where FastWARC raises); a target URI warcio
+    would not rewrite (``<uri>``, spaces). On real crawls that is nearly every record (109 of 110
+    in realcrawl-dev).
     """
     from fastwarc.warc import HeaderMap
 
