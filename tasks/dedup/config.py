@@ -35,7 +35,7 @@ class DedupConfig:
     records_per_bucket: int = 2_000_000  # band-key records grouped in memory by one work item
     max_bucket_fanout: int = 32  # in a band bucket, each document is compared with at most this many others
     signature_batch: int = 8192  # shingles permuted per NumPy batch (P × batch values: 4 MB at 128 × uint32; measured fastest)
-    text_batch: int = 2048  # documents read, normalised and shingled together (bounds the NumPy arrays of a batch)
+    text_batch: int = 512  # documents read, normalised and shingled together (small arrays are reused, not faulted in anew)
     clusters_per_shard: int = 100_000  # rows per shard of the clusters dataset
     keep_work: bool = False  # keep ``_work/`` (signatures, band keys, edges) after the stage commits
 

@@ -19,7 +19,7 @@ from tasks import datasets
 from tasks.datasets import Manifest, ShardInfo
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.lsh import choose_bands
-from tasks.dedup.store import npy_bytes
+from tasks.dedup.store import write_npy_to
 from tasks.dedup.verify import SignatureStore
 
 EDGE = np.dtype([("a", "<u8"), ("b", "<u8"), ("similarity", "<f4"), ("exact", "u1")])
@@ -86,7 +86,7 @@ def document_batches(plan: DedupPlan, shard: int, columns: list[str] | None, bat
     """The input shard's rows as pyarrow record batches of at most ``batch_rows``, in order
     (the shard verified against its manifest first)."""
     parquet = datasets.open_parquet(plan.shard_urls[shard], plan.shard_infos[shard])
-    yield from parquet.iter_batches(batch_size=batch_rows, columns=columns)
+    yield from parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False)  # one core per work item
 
 
 def read_documents(plan: DedupPlan, shard: int, columns: list[str]):
@@ -96,7 +96,7 @@ def read_documents(plan: DedupPlan, shard: int, columns: list[str]):
 
 def write_npy(dataset_url: str, name: str, array: np.ndarray) -> ShardInfo:
     def write(f: IO[bytes]) -> int:
-        f.write(npy_bytes(array))
+        write_npy_to(f, array)
         return len(array)
 
     return datasets.write_shard(dataset_url, name, write)

@@ -41,7 +41,7 @@ def write_partitioned(f: IO[bytes], records: np.ndarray, num_buckets: int) -> in
     f.write(MAGIC)
     f.write(np.uint64(num_buckets).astype("<u8").tobytes())
     f.write(offsets.tobytes())
-    f.write(records[order].astype(RECORD, copy=False).tobytes())
+    f.write(records[order].astype(RECORD, copy=False).view(np.uint8).data)
     return len(records)
 
 

@@ -20,10 +20,12 @@ import numpy as np
 from tasks.datasets import filesystem
 
 
-def npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-    return buffer.getvalue()
+def write_npy_to(f, array: np.ndarray) -> None:
+    """``array`` in ``.npy`` format (the bytes ``np.save`` writes) to an open binary file, straight
+    from the array's buffer: no in-memory copy of the file."""
+    array = np.ascontiguousarray(array)
+    np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(array))
+    f.write(array.reshape(-1).view(np.uint8).data)
 
 
 class NpyFile:
