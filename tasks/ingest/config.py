@@ -270,10 +270,11 @@ class ReaderConfig:
     # Remote inputs (http/s3): a server that does not connect or goes silent this long is an error naming the URL.
     connect_timeout_s: float = 30.0
     read_timeout_s: float = 120.0
-    # Who parses each WARC/WET record's HTTP head once smelt's framer has cut it out (framing,
-    # decompression and every fault count are the same either way): smelt (warcio, pure Python) |
-    # fastwarc (FastWARC's native header parser; a record it cannot take exactly as warcio would,
-    # e.g. a gzip or chunked body, goes to warcio). README "How each stage scales out" gives the cost of each.
+    # Who inflates .gz archives and parses each record's HTTP head once smelt's framer has cut it out:
+    # smelt (zlib, warcio) | fastwarc (FastWARC's gzip reader and header parser; a record goes out
+    # only once the checksums of its gzip members held, at a fault smelt's own decompression reads on
+    # from there, and a head FastWARC cannot parse as warcio would goes to warcio). The same documents
+    # and fault counts either way; README "How each stage scales out" gives the cost of each.
     warc_engine: str = "fastwarc"
 
     def __post_init__(self) -> None:

@@ -12,15 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tasks.datasets import Stats
+from tasks.datasets import Stats, normalize_url
 from tasks.ingest.config import WARC_ENGINES, ReaderConfig
 from tasks.ingest.readers import InputError, expand_inputs, input_format, read_documents
 from tests.tasks.ingest.crawl_files import (
+    article_page,
     conversion,
     english_warc,
     gzip_members,
     jsonl,
     other_record,
+    prose,
     raw_response,
     response,
     write,
@@ -254,6 +256,73 @@ def test_records_fastwarc_cannot_parse_as_warcio_does_go_to_warcio_and_read_alik
     framed = list(_WarcFramer(iter([path.read_bytes()]), 1 << 20, "gzip"))
     taken = [_fastwarc_parsed(r) is not None for r in framed]
     assert taken == [fast for *_, fast in ODD_RECORDS] + [False, True]
+
+
+def _big_members(pages: int = 80) -> list[bytes]:
+    """gzip members of ~50 KB pages: several of the reader's 1 MiB chunks, so FastWARC's gzip reader
+    gives out records part-way through the file."""
+    return [gzip.compress(response(f"https://big.example/{i}", article_page(f"Page {i}", prose(i)).encode() * 40), mtime=0)
+            for i in range(pages)]
+
+
+def _flip(member: bytes) -> bytes:
+    member = bytearray(member)
+    member[len(member) // 2: len(member) // 2 + 8] = b"\xff" * 8
+    return bytes(member)
+
+
+BIG_GZIP_CASES = {
+    "clean": lambda m: b"".join(m),
+    "corrupt member late": lambda m: b"".join(m[:70] + [_flip(m[70])] + m[71:]),
+    "truncated in the last member": lambda m: b"".join(m)[:-300],
+    "cut after a member header": lambda m: b"".join(m) + m[0][:12],
+    "junk after the last member": lambda m: b"".join(m) + b"junk" * 10,
+    "one member, cut": lambda m: gzip.compress(b"".join(gzip.decompress(x) for x in m), mtime=0)[:-5],
+    "a byte changed that only the checksum catches": lambda m: b"".join(m[:40] + [_stored_page_with_a_changed_byte()] + m[40:]),
+}
+
+
+def _stored_page_with_a_changed_byte() -> bytes:
+    """A 2.5 MB page in stored (uncompressed) deflate blocks, one byte of it changed: it decodes without
+    error, and only the member's checksum, checked after its first MiB was given out, shows it."""
+    page = response("https://big.example/huge", article_page("Huge", prose(0)).encode() * 2500)
+    member = bytearray(gzip.compress(page, compresslevel=0, mtime=0))
+    member[len(member) // 10] ^= 0x01
+    return bytes(member)
+
+
+@pytest.mark.parametrize("case", list(BIG_GZIP_CASES))
+def test_fastwarc_gzip_gives_out_verified_records_and_smelt_reads_on_after_a_fault(tmp_path, case):
+    from tasks.ingest.readers import _read_fast_gzip
+
+    path = tmp_path / "big.warc.gz"
+    path.write_bytes(BIG_GZIP_CASES[case](_big_members()))
+    (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = _both_engines(path)
+    assert fastwarc_docs == smelt_docs and dict(fastwarc_stats) == dict(smelt_stats)
+    assert sum(v for k, v in smelt_stats.items() if k.startswith("failed.")) == (case != "clean")
+    fast = _read_fast_gzip(normalize_url(str(path)), ReaderConfig(), Stats(), "response")
+    given_out = []
+    try:
+        while True:
+            given_out.append(next(fast))
+    except StopIteration as stop:
+        resume_at = stop.value
+    if case == "clean":
+        assert resume_at is None and given_out == smelt_docs
+    elif case.startswith("one member"):  # nothing is verified before the end of the only member
+        assert resume_at == 0 and given_out == []
+    else:  # the pages before the fault came from FastWARC's reader; smelt's reads on from there
+        assert 0 < resume_at and 0 < len(given_out) < len(smelt_docs) and given_out == smelt_docs[:len(given_out)]
+
+
+def test_fastwarc_gzip_holds_back_a_bounded_amount(tmp_path, monkeypatch):
+    from tasks.ingest import readers
+
+    path = tmp_path / "one-member.warc.gz"
+    path.write_bytes(gzip.compress(b"".join(gzip.decompress(m) for m in _big_members(20)), mtime=0))
+    monkeypatch.setattr(readers, "_HOLD_TEXT", 200_000)  # a few pages: the only member is far larger
+    (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = _both_engines(path)
+    assert len(fastwarc_docs) == 20 and fastwarc_docs == smelt_docs and dict(fastwarc_stats) == dict(smelt_stats)
 
 
 def test_reads_a_warc_over_http(tmp_path):
