@@ -18,7 +18,8 @@ On the generated sample crawl (``tasks/sample/crawl.py``) or ``--input URL`` (e.
    - ``text_f1``: mean token-level F1 of each page's extracted text against trafilatura's, over
      the pages either extracts text from.
 
-2. Reader, per ``reader.warc_engine`` (``smelt``: warcio parses each framed record; ``fastwarc``),
+2. Reader, per ``reader.warc_engine`` (``smelt``: zlib inflates, warcio parses each framed record;
+   ``fastwarc``: FastWARC's gzip reader and header parser, same documents and counts),
    runs alternating ``--repeat`` times, the least CPU counting: ``reader_cpu_s``, the whole
    reader (``read_documents``: decompression, framing, HTTP parsing, charset decoding) over the
    inputs, and ``reader_fastwarc_vs_smelt`` its ratio; ``same_output``, whether both read the same
