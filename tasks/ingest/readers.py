@@ -347,7 +347,7 @@ def _account(url: str, record: _Framed, cfg: ReaderConfig, stats: Stats, record_
     return doc
 
 
-_HOLD_TEXT = 64 << 20  # characters of documents held back while their gzip members are unverified
+_HOLD_TEXT = 16 << 20  # characters of documents held back (beyond one of the largest) while their gzip members are unverified
 
 
 def _read_fast_gzip(url: str, cfg: ReaderConfig, stats: Stats, record_type: str) -> Generator[Document, None, int | None]:
@@ -382,7 +382,7 @@ def _read_fast_gzip(url: str, cfg: ReaderConfig, stats: Stats, record_type: str)
                     stats += counts
                     if doc is not None:
                         yield doc
-                if held_text > _HOLD_TEXT:  # a file of one huge gzip member: nothing is verified before its end
+                if held_text > _HOLD_TEXT + cfg.max_payload_bytes:  # one huge gzip member: nothing verified before its end
                     return done
             if not source.ends_complete(raw):
                 return done

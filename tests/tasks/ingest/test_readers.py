@@ -320,8 +320,21 @@ def test_fastwarc_gzip_holds_back_a_bounded_amount(tmp_path, monkeypatch):
 
     path = tmp_path / "one-member.warc.gz"
     path.write_bytes(gzip.compress(b"".join(gzip.decompress(m) for m in _big_members(20)), mtime=0))
-    monkeypatch.setattr(readers, "_HOLD_TEXT", 200_000)  # a few pages: the only member is far larger
-    (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = _both_engines(path)
+    url, cfg = normalize_url(str(path)), ReaderConfig(max_payload_bytes=100_000)
+
+    def resumes_at():
+        fast = readers._read_fast_gzip(url, cfg, Stats(), "response")
+        while True:
+            try:
+                next(fast)
+            except StopIteration as stop:
+                return stop.value
+
+    assert resumes_at() is None  # whole and verified at its end: FastWARC's reader read it all
+    monkeypatch.setattr(readers, "_HOLD_TEXT", 100_000)  # a few pages: the only member is far larger
+    assert resumes_at() == 0  # gave up holding pages back: smelt's decompression reads it from the start
+    (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = [read(url, warc_engine=e, max_payload_bytes=100_000)
+                                                                  for e in WARC_ENGINES]
     assert len(fastwarc_docs) == 20 and fastwarc_docs == smelt_docs and dict(fastwarc_stats) == dict(smelt_stats)
 
 
