@@ -326,13 +326,13 @@ def _open_archive(url: str, cfg: ReaderConfig) -> Any:
     return fsspec.open(url, "rb", **remote_options(url, cfg.connect_timeout_s, cfg.read_timeout_s))
 
 
-def _account(url: str, record: _Framed, cfg: ReaderConfig, stats: Stats, record_type: str) -> Document | None:
+def _account(url: str, record: _Framed, cfg: ReaderConfig, stats: Stats, record_type: str,
+             warn: Callable[..., None] = log.warning) -> Document | None:
     """Count one framed record and make its document (None: none, with the reason counted)."""
     if record.failure is not None:
         stats.add("in")
         stats.add(f"failed.read_{record.failure}")
-        log.warning("%s: record at offset %d skipped (%s); reading on from the next record",
-                    url, record.offset, record.failure)
+        warn("%s: record at offset %d skipped (%s); reading on from the next record", url, record.offset, record.failure)
         return None
     if record.warc_type != record_type:
         stats.add("other_records")
@@ -366,22 +366,20 @@ def _read_fast_gzip(url: str, cfg: ReaderConfig, stats: Stats, record_type: str)
     from fastwarc.stream_io import GzipReader
 
     done = 0
-    held: list[tuple[int, Document | None, Stats]] = []  # records framed, not given out: (end, document, counts)
+    held: list[tuple[int, Document | None, Stats, list]] = []  # framed, not given out: (end, document, counts, warnings)
     held_text = 0
     with _open_archive(url, cfg) as raw:
         source = _VerifiedGzip(GzipReader(raw))
         try:
             for record in _WarcFramer(iter(source), cfg.max_payload_bytes + _HEAD_SLACK, "gzip"):
-                counts = Stats()
-                doc = _account(url, record, cfg, counts, record_type)
-                held.append((record.end, doc, counts))
+                counts, warnings = Stats(), []
+                doc = _account(url, record, cfg, counts, record_type, lambda *args: warnings.append(args))
+                held.append((record.end, doc, counts, warnings))
                 held_text += len(doc.text) if doc is not None else 0
                 while held and held[0][0] + len(_WARC_MAGIC) <= source.verified:  # the framer looked that far
-                    done, doc, counts = held.pop(0)
+                    done, doc, counts, warnings = held.pop(0)
                     held_text -= len(doc.text) if doc is not None else 0
-                    stats += counts
-                    if doc is not None:
-                        yield doc
+                    yield from _give_out(doc, counts, warnings, stats)
                 if held_text > _HOLD_TEXT + cfg.max_payload_bytes:  # one huge gzip member: nothing verified before its end
                     return done
             if not source.ends_complete(raw):
@@ -390,11 +388,17 @@ def _read_fast_gzip(url: str, cfg: ReaderConfig, stats: Stats, record_type: str)
             if type(e) is not OSError:  # FastWARC's decoding errors are plain OSErrors; a network error is not data
                 raise
             return done
-    for _, doc, counts in held:
-        stats += counts
-        if doc is not None:
-            yield doc
+    for _, doc, counts, warnings in held:
+        yield from _give_out(doc, counts, warnings, stats)
     return None
+
+
+def _give_out(doc: Document | None, counts: Stats, warnings: list, stats: Stats) -> Iterator[Document]:
+    stats += counts
+    for args in warnings:
+        log.warning(*args)
+    if doc is not None:
+        yield doc
 
 
 class _VerifiedGzip:

@@ -338,6 +338,42 @@ def test_fastwarc_gzip_holds_back_a_bounded_amount(tmp_path, monkeypatch):
     assert len(fastwarc_docs) == 20 and fastwarc_docs == smelt_docs and dict(fastwarc_stats) == dict(smelt_stats)
 
 
+def _damaged_archive(rng: random.Random, pages: list[bytes]) -> bytes:
+    """Some pages in gzip members of 1 to 20 records at random levels, then one random fault (or none)."""
+    chosen, members = rng.sample(pages, rng.randint(1, 30)), []
+    while chosen:
+        k = rng.choice([1, 1, 1, 2, 5, 20])
+        members.append(gzip.compress(b"".join(chosen[:k]), mtime=0, compresslevel=rng.choice([0, 1, 6])))
+        chosen = chosen[k:]
+    data = bytearray(b"".join(members))
+    fault, at = rng.choice(["none", "cut", "overwrite", "bit", "junk", "gap"]), rng.randrange(len(data))
+    if fault == "cut":
+        del data[at:]
+    elif fault == "overwrite":
+        data[at: at + 4] = rng.randbytes(4)
+    elif fault == "bit":
+        data[at] ^= 1 << rng.randrange(8)
+    elif fault == "junk":
+        data += rng.randbytes(rng.randint(1, 50))
+    elif fault == "gap":
+        del data[at: at + rng.randint(1, 2000)]
+    return bytes(data)
+
+
+def test_randomly_damaged_gzip_archives_read_alike_with_either_engine(tmp_path):
+    rng = random.Random(7)
+    pages = [response(f"https://damaged.example/{i}", article_page(f"Page {i}", prose(i)).encode() * rng.choice([1, 5, 40, 300]))
+             for i in range(60)]
+    faults = Stats()
+    for trial in range(40):
+        path = tmp_path / f"damaged-{trial}.warc.gz"
+        path.write_bytes(_damaged_archive(rng, pages))
+        (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = _both_engines(path)
+        assert fastwarc_docs == smelt_docs and dict(fastwarc_stats) == dict(smelt_stats), trial
+        faults += {k: v for k, v in smelt_stats.items() if k.startswith("failed.")}
+    assert {"failed.read_corrupt_gzip", "failed.read_truncated_gzip"} <= set(faults)  # the damage did damage
+
+
 def test_reads_a_warc_over_http(tmp_path):
     write(tmp_path / "a.warc.gz", gzip_members(english_warc(0, 2)))
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
