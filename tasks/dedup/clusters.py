@@ -61,6 +61,25 @@ def _clusters_table(nodes, ids, survivors, dropped, exact, sims):
     )
 
 
+def _similarity_to_survivor(plan, members, survivors, nodes, ia, ib, edge_similarity) -> np.ndarray:
+    """Similarity of each member node to its survivor: a verified edge's own value where the two
+    are joined directly (most are), measured only for members joined through others."""
+    n = np.uint64(len(nodes))
+    lo, hi = np.minimum(members, survivors).astype(np.uint64), np.maximum(members, survivors).astype(np.uint64)
+    edge_lo, edge_hi = np.minimum(ia, ib).astype(np.uint64), np.maximum(ia, ib).astype(np.uint64)
+    edge_keys = edge_lo * n + edge_hi
+    order = np.argsort(edge_keys, kind="stable")
+    edge_keys = edge_keys[order]
+    wanted = lo * n + hi
+    at = np.minimum(np.searchsorted(edge_keys, wanted), max(len(edge_keys) - 1, 0))
+    direct = (edge_keys[at] == wanted) if len(edge_keys) else np.zeros(len(wanted), dtype=bool)
+    out = np.empty(len(members))
+    out[direct] = edge_similarity[order[at[direct]]]
+    indirect = ~direct
+    out[indirect] = similarity(plan.store(), nodes[members[indirect]], nodes[survivors[indirect]], plan.cfg.verify)
+    return out
+
+
 def cluster_all(plan: DedupPlan, _item: int = 0) -> ShardResult:
     """Phase 3: one work item over all edges (their number grows with duplicates only)."""
     cfg = plan.cfg
@@ -79,8 +98,8 @@ def cluster_all(plan: DedupPlan, _item: int = 0) -> ShardResult:
         dropped = survivors != np.arange(len(nodes))
         exact = exact_labels == exact_labels[survivors]
         sims = np.ones(len(nodes))
-        near = dropped & ~exact
-        sims[near] = similarity(plan.store(), nodes[near], nodes[survivors[near]], cfg.verify)
+        near = np.flatnonzero(dropped & ~exact)
+        sims[near] = _similarity_to_survivor(plan, near, survivors[near], nodes, ia, ib, edges["similarity"])
 
         written = []
         _, rows = split_doc(nodes)

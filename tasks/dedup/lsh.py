@@ -72,10 +72,10 @@ def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     adds a candidate that verification rejects.
     """
     n_docs = len(signatures)
-    values = signatures[:, : bands * rows].astype(np.uint64).reshape(n_docs, bands, rows)
+    banded = signatures[:, : bands * rows].reshape(n_docs, bands, rows)
     keys = np.broadcast_to(np.arange(bands, dtype=np.uint64) * _BAND_SEED, (n_docs, bands)).copy()
-    for j in range(rows):
-        keys ^= values[:, :, j]
+    for j in range(rows):  # one (D, bands) column at a time: no uint64 copy of every signature
+        keys ^= banded[:, :, j]
         keys *= np.uint64(0x9E3779B97F4A7C15)
         keys ^= keys >> np.uint64(29)
     return fmix(keys, 64)
