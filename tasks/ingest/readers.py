@@ -427,9 +427,9 @@ class _VerifiedGzip:
             while data := raw.read(READ_CHUNK):
                 if decoder.eof:
                     return False  # bytes after the last member
-                while data:
-                    decoder.decompress(data, READ_CHUNK)
-                    data = decoder.unconsumed_tail
+                out = decoder.decompress(data, READ_CHUNK)  # output capped: the member may be the whole file
+                while not decoder.eof and (decoder.unconsumed_tail or len(out) == READ_CHUNK):
+                    out = decoder.decompress(decoder.unconsumed_tail, READ_CHUNK)
         except zlib.error:
             return False
         return decoder.eof and not decoder.unused_data

@@ -273,6 +273,8 @@ def _flip(member: bytes) -> bytes:
 
 BIG_GZIP_CASES = {
     "clean": lambda m: b"".join(m),
+    "clean, a 3 MB last member that inflates from a few KB": lambda m: b"".join(m) + gzip.compress(
+        response("https://big.example/last", article_page("Last", prose(0)).encode() * 3000), mtime=0),
     "corrupt member late": lambda m: b"".join(m[:70] + [_flip(m[70])] + m[71:]),
     "truncated in the last member": lambda m: b"".join(m)[:-300],
     "cut after a member header": lambda m: b"".join(m) + m[0][:12],
@@ -299,7 +301,7 @@ def test_fastwarc_gzip_gives_out_verified_records_and_smelt_reads_on_after_a_fau
     path.write_bytes(BIG_GZIP_CASES[case](_big_members()))
     (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = _both_engines(path)
     assert fastwarc_docs == smelt_docs and dict(fastwarc_stats) == dict(smelt_stats)
-    assert sum(v for k, v in smelt_stats.items() if k.startswith("failed.")) == (case != "clean")
+    assert sum(v for k, v in smelt_stats.items() if k.startswith("failed.")) == (not case.startswith("clean"))
     fast = _read_fast_gzip(normalize_url(str(path)), ReaderConfig(), Stats(), "response")
     given_out = []
     try:
@@ -307,7 +309,7 @@ def test_fastwarc_gzip_gives_out_verified_records_and_smelt_reads_on_after_a_fau
             given_out.append(next(fast))
     except StopIteration as stop:
         resume_at = stop.value
-    if case == "clean":
+    if case.startswith("clean"):
         assert resume_at is None and given_out == smelt_docs
     elif case.startswith("one member"):  # nothing is verified before the end of the only member
         assert resume_at == 0 and given_out == []
