@@ -73,6 +73,7 @@ class TimingAssumptions:
     attention: float = ATTENTION_RATE  # attention's rate (its kernels' FLOPs) relative to the GEMMs', FA2 at 16K
     attention_kernel: str = "fa2"  # fa2 (torch SDPA's flash backend, flash-attn 2) | cudnn (Transformer Engine)
     layer_overhead_s: float = 0.0  # seconds per layer and pass that do not scale with tokens (backward: 2)
+    loss_bytes: float = 12.0  # HBM bytes the loss moves per logit, forward and backward
 
     def __post_init__(self) -> None:
         if not 1 <= self.fp8_speedup <= 4:
@@ -231,7 +232,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     if fp8:
         layer_s += _fp8_cast_bytes(shape, layout.tp) / hbm
     # the logits matmul, then the loss reads and writes the logits (bf16 and fp32 softmax, forward and back)
-    output_s = shape.output_flops / layout.tp / rate + 12 * cfg.vocab_size / layout.tp / hbm
+    output_s = shape.output_flops / layout.tp / rate + a.loss_bytes * cfg.vocab_size / layout.tp / hbm
     per_rank = split.per_rank or (split.max_layers,)
     loads = [n * layer_s + (output_s if r == split.output_rank else 0.0) for r, n in enumerate(per_rank)]
     layers = split.max_layers

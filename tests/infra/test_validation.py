@@ -13,7 +13,7 @@ BY_KEY = {r.run.key: r for r in ROWS}
 
 # The bound this table holds today. Lower these when a change improves it; a change that breaks them made the
 # planner worse on runs it was not fitted to.
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.052, 0.20, 0.056, 0.17
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.050, 0.20, 0.056, 0.17
 
 
 def test_held_out_error_stays_within_the_bound():
@@ -96,6 +96,18 @@ def test_torchtitan_compiled_loss_holds_fewer_logit_bytes():
     for key in ("titan-h200-8b-32", "titan-h200-8b-64"):
         r = BY_KEY[key]
         assert r.memory_gb == pytest.approx(r.run.memory_gib * 2**30 / 1e9, rel=0.10), key
+
+
+def test_megatron_core_unfused_loss_weighs_on_the_smallest_model():
+    # Megatron-Core r0.8's unfused vocab-parallel cross entropy moves 52 bytes per logit; with 131,072 logits per
+    # token it costs the 1.7B (hidden 2,048, TP1) several percent and the 177B (hidden 12,288, TP8) almost nothing.
+    # Megatron-Bridge's recipes fuse it, so scoring the same run as Bridge isolates the loss.
+    assert STACKS["bridge"].loss_bytes < STACKS["megatron"].loss_bytes == STACKS["nemo"].loss_bytes
+    gains = {}
+    for key in ("megatron-1.7B", "megatron-177B"):
+        row = BY_KEY[key]
+        gains[key] = score(_with(row.run, stack="bridge")).tokens_per_gpu / row.tokens_per_gpu - 1
+    assert 0.04 < gains["megatron-1.7B"] < 0.10 and 0 < gains["megatron-177B"] < 0.01, gains
 
 
 def test_every_stack_names_its_memory_accounting():
