@@ -177,6 +177,17 @@ def _group_bandwidth(gpu: GPU, inner: int, size: int, nvlink: float, nic: float)
     return min(nvlink, per_node * nic)
 
 
+def _pp_links(gpu: GPU, layout: Layout, nvlink: float, nic: float) -> float:
+    """Seconds per byte of one send forward plus one backward on the slowest pipeline rank. Stages sit
+    world/pp ranks apart (pp is the outermost mesh dimension), so k = gpus_per_node·pp/world consecutive stages
+    share a node: with k ≥ 2 a rank at a node's edge sends one way over NVLink and the other over the NIC; with
+    every stage in one node (and no interleaving wrap-around to the first) both go over NVLink."""
+    per_node = gpu.gpus_per_node * layout.pp // layout.world
+    if per_node >= layout.pp:
+        return 2 / nvlink
+    return 1 / nvlink + 1 / nic if per_node >= 2 else 2 / nic
+
+
 def _elementwise_bytes(shape: ModelShape, tp: int) -> float:
     """HBM bytes per token and layer of the memory-bound ops, forward and backward: two RMSNorms (10h each),
     two residual adds (12h each), rotary on q and k (8(h + kv)), SwiGLU's SiLU and product (16f)."""
@@ -253,7 +264,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
         tp_collectives -= (2 * layers + 2 * recomputed) / 2
     tp = _hidden(tp_collectives * _ring(layout.tp) * activation / nvlink, compute + recompute, layers,
                  a.tp_overlap)
-    pp = (2 * layout.virtual_stages * activation / layout.tp / nic * (1 - a.pp_overlap)) if layout.pp > 1 else 0.0
+    pp = (layout.virtual_stages * activation / layout.tp * _pp_links(gpu, layout, nvlink, nic) * (1 - a.pp_overlap)
+          if layout.pp > 1 else 0.0)
 
     cp = 0.0
     if layout.cp > 1:  # ring attention: K and V chunks forward; K, V and their gradients backward

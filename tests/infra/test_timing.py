@@ -133,6 +133,19 @@ def test_pipeline_bubble_is_p_minus_1_over_v_slots():
         assert step.bubble / slots == pytest.approx(3 / v / 8)
 
 
+def test_pipeline_sends_cross_the_nic_only_between_nodes():
+    # pp is the outermost mesh dimension, so stages sit world/pp GPUs apart: 4 apart on 16 GPUs (two stages per
+    # node: an edge rank sends one way over NVLink, the other over the NIC), 8 apart on 32 (every send leaves the
+    # node), 2 apart on 8 (the whole pipeline in one node)
+    shape, h100 = ModelShape(PRESETS["8b"], 4096), gpu("h100")
+    activation = 4096 * 4096 * 2
+    nvlink, nic = h100.nvlink_gbps * 1e9 * 0.8, h100.internode_gbps * 1e9 * 0.8
+    for dp, per_send in ((4, 1 / nvlink + 1 / nic), (8, 2 / nic), (2, 2 / nvlink)):
+        layout = Layout(tp=1, pp=4, dp_replicate=1, dp_shard=dp, zero=1, micro_batch=1, virtual_stages=2)
+        step = step_time(shape, layout, h100, global_seqs=8 * dp)  # m = 8
+        assert step.pp_comm == pytest.approx(8 * 2 * activation * per_send * 0.5), dp
+
+
 def test_mfu_is_model_flops_over_peak_times_time():
     shape, h100 = ModelShape(PRESETS["70b"], 8192), gpu("h100")
     layout = Layout(tp=8, pp=4, dp_replicate=1, dp_shard=128, zero=1, micro_batch=1, virtual_stages=7)
