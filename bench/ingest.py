@@ -67,7 +67,8 @@ from tasks.ingest.base import Document
 from tasks.ingest.config import EXTRACT_ENGINES, WARC_ENGINES, IngestConfig
 from tasks.ingest.extract import extract_text
 from tasks.ingest.pipeline import build_steps, run_steps
-from tasks.ingest.readers import expand_inputs, open_input, read_documents
+from tasks.ingest.compression import open_input
+from tasks.ingest.readers import expand_inputs, read_documents
 from tasks.ingest.stage import run_ingest
 from tasks.parallel import ClientMap
 

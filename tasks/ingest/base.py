@@ -11,6 +11,7 @@ config values so they pickle to Dask workers.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import math
@@ -41,6 +42,11 @@ class Document:
         row = dict(row)
         row["meta"] = json.loads(row.get("meta") or "{}")
         return cls(**row)
+
+
+def doc_id(*parts: object) -> str:
+    """Deterministic document id: the same record always gets the same id."""
+    return hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()[:32]
 
 
 def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:

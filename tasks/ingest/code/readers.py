@@ -40,7 +40,8 @@ import fsspec
 from tasks.datasets import Stats, filesystem, normalize_url, remote_options
 from tasks.ingest.base import Document
 from tasks.ingest.code.config import CodeReaderConfig
-from tasks.ingest.readers import GLOB_CHARS, InputError, doc_id, input_size, read_json_lines, read_parquet_rows
+from tasks.ingest.base import doc_id
+from tasks.ingest.readers import GLOB_CHARS, InputError, input_size, read_json_lines, read_parquet_rows
 
 log = logging.getLogger(__name__)
 

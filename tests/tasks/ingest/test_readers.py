@@ -244,7 +244,8 @@ ODD_RECORDS = [
 
 
 def test_records_fastwarc_cannot_parse_as_warcio_does_go_to_warcio_and_read_alike(tmp_path):
-    from tasks.ingest.readers import _fastwarc_parsed, _WarcFramer
+    from tasks.ingest.warc_framer import WarcFramer
+    from tasks.ingest.warc_records import fastwarc_parsed
 
     records = [raw_response(f"https://odd.example/{i}", head, body, warc) for i, (head, body, warc, _) in enumerate(ODD_RECORDS)]
     records += [raw_response("<https://odd.example/angled>", OK_HTML, PAGE), raw_response("dns:odd.example", OK_HTML, PAGE)]
@@ -253,8 +254,8 @@ def test_records_fastwarc_cannot_parse_as_warcio_does_go_to_warcio_and_read_alik
     (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = _both_engines(path)
     assert fastwarc_docs == smelt_docs and dict(fastwarc_stats) == dict(smelt_stats)
     assert len(smelt_docs) >= 10 and smelt_stats["in"] == len(records)
-    framed = list(_WarcFramer(iter([path.read_bytes()]), 1 << 20, "gzip"))
-    taken = [_fastwarc_parsed(r) is not None for r in framed]
+    framed = list(WarcFramer(iter([path.read_bytes()]), 1 << 20, "gzip"))
+    taken = [fastwarc_parsed(r) is not None for r in framed]
     assert taken == [fast for *_, fast in ODD_RECORDS] + [False, True]
 
 
@@ -295,7 +296,7 @@ def _stored_page_with_a_changed_byte() -> bytes:
 
 @pytest.mark.parametrize("case", list(BIG_GZIP_CASES))
 def test_fastwarc_gzip_gives_out_verified_records_and_smelt_reads_on_after_a_fault(tmp_path, case):
-    from tasks.ingest.readers import _read_fast_gzip
+    from tasks.ingest.warc import _read_fast_gzip
 
     path = tmp_path / "big.warc.gz"
     path.write_bytes(BIG_GZIP_CASES[case](_big_members()))
@@ -318,14 +319,14 @@ def test_fastwarc_gzip_gives_out_verified_records_and_smelt_reads_on_after_a_fau
 
 
 def test_fastwarc_gzip_holds_back_a_bounded_amount(tmp_path, monkeypatch):
-    from tasks.ingest import readers
+    from tasks.ingest import warc
 
     path = tmp_path / "one-member.warc.gz"
     path.write_bytes(gzip.compress(b"".join(gzip.decompress(m) for m in _big_members(20)), mtime=0))
     url, cfg = normalize_url(str(path)), ReaderConfig(max_payload_bytes=100_000)
 
     def resumes_at():
-        fast = readers._read_fast_gzip(url, cfg, Stats(), "response")
+        fast = warc._read_fast_gzip(url, cfg, Stats(), "response")
         while True:
             try:
                 next(fast)
@@ -333,7 +334,7 @@ def test_fastwarc_gzip_holds_back_a_bounded_amount(tmp_path, monkeypatch):
                 return stop.value
 
     assert resumes_at() is None  # whole and verified at its end: FastWARC's reader read it all
-    monkeypatch.setattr(readers, "_HOLD_TEXT", 100_000)  # a few pages: the only member is far larger
+    monkeypatch.setattr(warc, "_HOLD_TEXT", 100_000)  # a few pages: the only member is far larger
     assert resumes_at() == 0  # gave up holding pages back: smelt's decompression reads it from the start
     (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = [read(url, warc_engine=e, max_payload_bytes=100_000)
                                                                   for e in WARC_ENGINES]

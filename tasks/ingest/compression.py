@@ -1,0 +1,203 @@
+"""Streaming decompression of crawl files that notices what Python's and warcio's readers pass silently.
+
+A truncated gzip or zstd stream raises ``EOFError`` after every byte decoded before the cut; a
+corrupt gzip member is skipped (``GAP`` in the chunk stream) and decoding resumes at the next
+member header, so the WARC framer can count the records lost with it. Output is capped per call,
+so one record never sits in memory whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import zlib
+from collections.abc import Iterator
+from typing import IO, Any
+
+import fsspec
+
+from tasks.datasets import remote_options
+
+
+READ_CHUNK = 1 << 20
+GZIP_MAGIC = b"\x1f\x8b\x08"
+GAP = None  # in a chunk stream: corrupt compressed data was skipped here
+
+
+def compression_name(url: str) -> str:
+    """How a file is compressed, for counter names: zstd for .zst, else gzip."""
+    return "zstd" if url.lower().endswith(".zst") else "gzip"
+
+
+@contextlib.contextmanager
+def open_input(url: str) -> Iterator[IO[bytes]]:
+    """A binary stream of ``url``'s uncompressed bytes; truncated gzip/zstd raise ``EOFError``."""
+    with fsspec.open(url, "rb", **remote_options(url)) as raw:
+        name = url.lower()
+        if name.endswith(".gz"):  # not gzip.GzipFile: it drops the lines it had decoded when it meets a truncation
+            with io.BufferedReader(ChunkReader(gzip_members(raw)), buffer_size=READ_CHUNK) as stream:
+                yield stream
+        elif name.endswith(".zst"):
+            with io.BufferedReader(ZstdReader(raw), buffer_size=READ_CHUNK) as stream:
+                yield stream
+        else:
+            yield raw
+
+
+class ChunkReader(io.RawIOBase):
+    """A binary stream over ``gzip_members``: corrupt data raises ``zlib.error`` where it starts,
+    truncation raises ``EOFError`` after every byte decoded before it."""
+
+    def __init__(self, chunks: Iterator[bytes | None]):
+        self._chunks, self._out = chunks, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out:
+            chunk = next(self._chunks, b"")
+            if chunk is GAP:
+                raise zlib.error("corrupt gzip data")
+            if not chunk:
+                return 0
+            self._out = memoryview(chunk)
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+
+class ZstdReader(io.RawIOBase):
+    """Streaming zstd decompression that, unlike ``zstandard.stream_reader``, notices truncation.
+
+    Frames are decoded one after another (``zstd`` concatenates them); input that ends inside a
+    frame raises ``EOFError`` like Python's gzip reader does.
+    """
+
+    def __init__(self, raw: IO[bytes]):
+        import zstandard
+
+        self._raw = raw
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._frame = self._new()
+        self._in_frame = False
+        self._out = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out:
+            chunk = self._raw.read(READ_CHUNK)
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("zstd stream ended inside a frame (truncated file)")
+                return 0
+            self._out = memoryview(self._decompress(chunk))
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def _decompress(self, chunk: bytes) -> bytes:
+        out = []
+        while chunk:
+            self._in_frame = True
+            out.append(self._frame.decompress(chunk))
+            chunk = b""
+            if self._frame.eof:  # the frame ended inside this chunk: the rest starts the next frame
+                chunk, self._frame, self._in_frame = self._frame.unused_data, self._new(), False
+        return b"".join(out)
+
+
+def decompressed_chunks(url: str, raw: IO[bytes]) -> Iterator[bytes | None]:
+    """The uncompressed bytes of ``raw`` in chunks; a truncated gzip/zstd stream raises ``EOFError``."""
+    name = url.lower()
+    if name.endswith(".gz"):
+        yield from gzip_members(raw)
+        return
+    stream = io.BufferedReader(ZstdReader(raw), buffer_size=READ_CHUNK) if name.endswith(".zst") else raw
+    while chunk := stream.read(READ_CHUNK):
+        yield chunk
+
+
+def gzip_members(raw: IO[bytes]) -> Iterator[bytes | None]:
+    """Decompress gzip member after member (a WARC holds one record per member). Corrupt data
+    yields ``GAP`` once, and decoding resumes at the next gzip header in the compressed bytes."""
+    data, decoder, fresh, skipping = b"", None, False, False
+    while True:
+        if not data:
+            data = raw.read(READ_CHUNK)
+            if not data:
+                if decoder is not None:
+                    raise EOFError("gzip stream ended inside a member (truncated file)")
+                return
+            fresh = decoder is None
+        if decoder is None:
+            decoder = zlib.decompressobj(31)
+        try:
+            out = decoder.decompress(data, READ_CHUNK)
+            while True:  # output is capped per call, so one record never sits in memory whole
+                if out:
+                    skipping = False
+                    yield out
+                if decoder.eof:
+                    break
+                if decoder.unconsumed_tail:
+                    out = decoder.decompress(decoder.unconsumed_tail, READ_CHUNK)
+                elif len(out) == READ_CHUNK:  # input used up, output may still be pending
+                    out = decoder.decompress(b"", READ_CHUNK)
+                else:
+                    break
+        except zlib.error:
+            if not skipping:
+                skipping = True
+                yield GAP
+            at = data.find(GZIP_MAGIC, 1 if fresh else 0)
+            while at < 0:  # read on until the next member header
+                more = raw.read(READ_CHUNK)
+                if not more:
+                    return
+                data = data[-2:] + more
+                at = data.find(GZIP_MAGIC)
+            data, decoder, fresh = data[at:], None, True
+            continue
+        if decoder.eof:
+            data, decoder, fresh = decoder.unused_data, None, True
+        else:
+            data = b""
+
+
+class VerifiedGzip:
+    """FastWARC's gzip reader as chunks, and how much of its output is verified (``verified``, an
+    uncompressed offset): the members it has moved past had their checksums checked."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader, self._member, self._pos, self.verified = reader, 0, 0, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        while chunk := self._reader.read(READ_CHUNK):
+            before, self._pos = self._pos, self._pos + len(chunk)
+            member = self._reader.frame_start_position()
+            if member != self._member:  # the member that held byte ``before`` ended in this chunk
+                self._member, self.verified = member, before
+            yield chunk
+
+    def ends_complete(self, raw: IO[bytes]) -> bool:
+        """Whether the last gzip member (from its compressed offset to the end of file) is whole."""
+        try:
+            raw.seek(self._reader.frame_start_position() or 0)
+        except (OSError, ValueError):
+            return False
+        decoder = zlib.decompressobj(31)
+        try:
+            while data := raw.read(READ_CHUNK):
+                if decoder.eof:
+                    return False  # bytes after the last member
+                out = decoder.decompress(data, READ_CHUNK)  # output capped: the member may be the whole file
+                while not decoder.eof and (decoder.unconsumed_tail or len(out) == READ_CHUNK):
+                    out = decoder.decompress(decoder.unconsumed_tail, READ_CHUNK)
+        except zlib.error:
+            return False
+        return decoder.eof and not decoder.unused_data
