@@ -9,8 +9,9 @@ under full recomputation, attention's included; selective recomputation reruns
 only memory-bound ops), the memory-bound ops themselves at HBM bandwidth (norms, residual adds, rotary,
 SwiGLU, the loss), the tensor-parallel collectives over NVLink (with sequence parallel: an all-gather and a
 reduce-scatter around attention and around the MLP, each way, so 8 per layer, 12 with recomputation) and
-the pipeline send/receive over the inter-node network. Bandwidths are ring bandwidths: (n-1)/n of the
-message crosses each GPU's link; a group spread over nodes with k members per node uses k NICs at once.
+the pipeline send/receive (NVLink between stages on one node, else the NIC). Bandwidths are ring bandwidths:
+(n-1)/n of the message crosses each GPU's link; a group spread over nodes with k members per node uses k NICs
+at once.
 
 MFU counts model FLOPs only (6N + 12·L·H·Q·T per token, ``ModelConfig.flops_per_token``), as the trainer
 reports it, so recomputation lowers MFU. It is always against the dense bf16 peak, FP8 runs included.
