@@ -75,6 +75,7 @@ class TimingAssumptions:
     attention_kernel: str = "fa2"  # fa2 (torch SDPA's flash backend, flash-attn 2) | cudnn (Transformer Engine)
     layer_overhead_s: float = 0.0  # seconds per layer and pass that do not scale with tokens (backward: 2)
     loss_bytes: float = 12.0  # HBM bytes the loss moves per logit, forward and backward
+    tp_overlap_kind: str = "torch"  # te (Transformer Engine userbuffers) | torch (PyTorch async TP)
 
     def __post_init__(self) -> None:
         if not 1 <= self.fp8_speedup <= 4:
@@ -84,6 +85,8 @@ class TimingAssumptions:
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(f"attention_kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
                              f"got {self.attention_kernel!r}")
+        if self.tp_overlap_kind not in ("te", "torch"):
+            raise ValueError(f"tp_overlap_kind must be te or torch, got {self.tp_overlap_kind!r}")
         if not 0 <= self.layer_overhead_s < 1:
             raise ValueError(f"layer_overhead_s must be in [0, 1), got {self.layer_overhead_s}")
         for name in ("compute", "network"):
@@ -263,8 +266,18 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     tp_collectives = 8 * layers + 4 * recomputed
     if fp8:  # the forward all-gathers before q/k/v and w1/w3 carry the FP8-cast inputs (TE, torchao)
         tp_collectives -= (2 * layers + 2 * recomputed) / 2
-    tp = _hidden(tp_collectives * _ring(layout.tp) * activation / nvlink, compute + recompute, layers,
-                 a.tp_overlap)
+    collective = _ring(layout.tp) * activation / nvlink
+    tp = _hidden(tp_collectives * collective, compute + recompute, layers, a.tp_overlap)
+    if a.tp_overlap > 0 and layout.tp > 1:
+        # Overlap splits a reduce-scatter's GEMM into chunks and sends each chunk's result while the next one
+        # runs, so the last chunk's share is never hidden. Transformer Engine's userbuffers (initialize_ub
+        # defaults) pipeline only the forward proj/fc2 outputs, in 4 splits (the all-gathers run as a ring
+        # exchange behind the local shard's GEMM; the backward reduce-scatters overlap the wgrad GEMMs in bulk);
+        # PyTorch's async TP fuses every matmul + reduce-scatter, forward and backward, in tp chunks.
+        if a.tp_overlap_kind == "te":
+            tp = max(tp, (2 * layers + 2 * recomputed) * collective / 4)
+        else:
+            tp = max(tp, (4 * layers + 2 * recomputed) * collective / layout.tp)
     pp = (layout.virtual_stages * activation / layout.tp * _pp_links(gpu, layout, nvlink, nic) * (1 - a.pp_overlap)
           if layout.pp > 1 else 0.0)
 

@@ -64,6 +64,7 @@ class Stack:
     system: str = ""  # the system it is a release of ('' = its name)
     attention_kernel: str = "fa2"  # infra.timing.ATTENTION_KERNELS: fa2 (torch SDPA, flash-attn 2) | cudnn (TE)
     loss_bytes: float = 12.0  # HBM bytes the loss moves per logit, forward and backward
+    tp_overlap_kind: str = "torch"  # infra.timing: te (Transformer Engine userbuffers) | torch (PyTorch async TP)
 
     @property
     def constant(self) -> str:
@@ -84,20 +85,20 @@ STACKS = {
     # is off by default, --cross-entropy-loss-fusion): fp32 copy of the logits, max, subtract, exp, sum and divide
     # in place (38 bytes per logit), in the backward the in-place scaling and the cast back to bf16 (14).
     "megatron": Stack("megatron", "Megatron-LM / NeMo (Megatron-Core + Transformer Engine)", saves="megatron",
-                      tp_overlap=True, attention_kernel="cudnn", loss_bytes=52),
+                      tp_overlap=True, attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te"),
     # NeMo's performance scripts (scripts/performance/helpers.py, set_precision_configs) reduce gradients in
     # bf16 and, for FP8, gather FP8 parameters (recipes/precision/mixed_precision.py: fp8_param_gather).
     # NeMo as of its 24.07 performance table (4c73f77670) sets no cross_entropy_loss_fusion: Megatron-Core's
     # unfused loss, as above.
     "nemo": Stack("nemo", "NeMo / Megatron-Bridge performance recipes (Megatron-Core + Transformer Engine)",
                   saves="megatron", tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron",
-                  fp8="fp8_te", attention_kernel="cudnn", loss_bytes=52),
+                  fp8="fp8_te", attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te"),
     # Megatron-Bridge 25.11: the same kernels, but its performance recipes fuse the loss
     # (scripts/performance/utils/helpers.py, set_common_perf_overrides: cross_entropy_fusion_impl = "te"): two
     # reads of the bf16 logits, the gradient written in place, its in-place scaling in the backward (10 bytes).
     "bridge": Stack("bridge", "Megatron-Bridge 25.11 performance recipes", saves="megatron", tp_overlap=True,
                     grad_bytes=2, fp8_params=True, efficiency="megatron", fp8="fp8_te", attention_kernel="cudnn",
-                    loss_bytes=10, system="nemo"),
+                    loss_bytes=10, system="nemo", tp_overlap_kind="te"),
     # The benchmark tables (October 2023, January 2024) ran Composer's eager FSDP (FullyShardedDataParallel);
     # FP8 rows swap the linear layers for Transformer Engine's (scripts/train/benchmarking/submit_benchmarks.py:
     # fc_type 'te', TransformerEngine v0.10), so they share NeMo's FP8 speed-up; attention is flash-attn/Triton.
@@ -288,7 +289,7 @@ RUNS: list[Run] = [
 # Solved by ``fit()`` on the rows marked ``fits`` (tests/infra/test_validation.py re-fits them).
 FIT_ORDER = ("meta", "attention", "megatron", "fp8_te", "llm-foundry", "fsdp1_layer_ms", "a100",
              "torchtitan", "h100-96gb-500w", "fp8_torchtitan")
-FITTED = {"meta": 0.5677, "attention": 0.4741, "megatron": 0.5134, "fp8_te": 2.1248, "llm-foundry": 0.6233,
+FITTED = {"meta": 0.5677, "attention": 0.4741, "megatron": 0.5134, "fp8_te": 2.1343, "llm-foundry": 0.6233,
           "fsdp1_layer_ms": 2.1054, "a100": 1.2107, "torchtitan": 0.5499, "h100-96gb-500w": 0.8248, "fp8_torchtitan": 1.7308}
 
 
@@ -342,7 +343,8 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
                                fp8_speedup=constants.get(stack.fp8_constant, 1.0),
                                attention=constants["attention"], attention_kernel=stack.attention_kernel,
                                layer_overhead_s=constants[stack.overhead] / 1e3 if stack.overhead else 0.0,
-                               gather_bytes=1.0 if run.fp8_all_gather else 2.0, loss_bytes=stack.loss_bytes)
+                               gather_bytes=1.0 if run.fp8_all_gather else 2.0, loss_bytes=stack.loss_bytes,
+                               tp_overlap_kind=stack.tp_overlap_kind)
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes, grad_bytes=stack.grad_bytes,
                                fp8_params=stack.fp8_params, headroom=0.0)

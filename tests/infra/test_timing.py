@@ -124,6 +124,20 @@ def test_tensor_parallel_traffic_is_eight_ring_collectives_per_layer_over_nvlink
     assert step.tp_comm == pytest.approx(4 * 80 * per_layer)
 
 
+def test_overlapped_tensor_parallel_leaves_the_last_reduce_scatter_chunk_exposed():
+    # Transformer Engine pipelines the two forward reduce-scatters per layer in 4 splits; PyTorch's async TP
+    # fuses all four (forward and backward) in tp chunks. The compute window here hides everything else.
+    shape, h100 = ModelShape(PRESETS["70b"], 8192), gpu("h100")
+    layout = Layout(tp=4, pp=1, dp_replicate=1, dp_shard=1024, zero=3, micro_batch=1)
+    collective = 3 / 4 * (8192 * 8192 * 2) / (450e9 * 0.8)
+    for kind, exposed in (("te", 2 * 80 / 4), ("torch", 4 * 80 / 4)):
+        overlap = TimingAssumptions(tp_overlap=0.9, tp_overlap_kind=kind)
+        step = step_time(shape, layout, h100, global_seqs=2048, a=overlap)
+        assert step.tp_comm == pytest.approx(2 * exposed * collective), kind  # 2 micro-batches per rank
+    with pytest.raises(ValueError, match="tp_overlap_kind"):
+        TimingAssumptions(tp_overlap_kind="nccl")
+
+
 def test_pipeline_bubble_is_p_minus_1_over_v_slots():
     shape = ModelShape(PRESETS["8b"], 4096)
     for v in (1, 2, 4):

@@ -13,7 +13,7 @@ BY_KEY = {r.run.key: r for r in ROWS}
 
 # The bound this table holds today. Lower these when a change improves it; a change that breaks them made the
 # planner worse on runs it was not fitted to.
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.049, 0.20, 0.056, 0.17
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.048, 0.20, 0.056, 0.17
 
 
 def test_held_out_error_stays_within_the_bound():
