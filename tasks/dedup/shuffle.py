@@ -35,7 +35,8 @@ def bucket_of(keys: np.ndarray, num_buckets: int) -> np.ndarray:
 def write_partitioned(f: IO[bytes], records: np.ndarray, num_buckets: int) -> int:
     """Write ``records`` to ``f`` grouped by bucket (stable, so the bytes depend only on the input)."""
     buckets = bucket_of(records["key"], num_buckets)
-    order = np.argsort(buckets, kind="stable")
+    # A stable sort of small integers is a radix sort in NumPy (one pass, ~10× an argsort of int64).
+    order = np.argsort(buckets.astype(np.uint16) if num_buckets <= 1 << 16 else buckets, kind="stable")
     offsets = np.zeros(num_buckets + 1, dtype="<u8")
     np.cumsum(np.bincount(buckets, minlength=num_buckets), out=offsets[1:])
     f.write(MAGIC)

@@ -40,7 +40,7 @@ class SignatureStore:
 
     signature_urls: list[str]
     shingle_urls: list[str] | None = None
-    # Each shard's shingle offsets once read (8 B per document): a bucket reads them for every chunk.
+    # Each shard's shingle offsets once read (8 B per document): a bucket needs them for every read.
     _offsets: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def _by_shard(self, docs: np.ndarray):
@@ -146,22 +146,28 @@ def exact_jaccard(values: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.
     return np.where(union > 0, intersection / np.maximum(union, 1), 1.0)
 
 
-def similarity(store: SignatureStore, a: np.ndarray, b: np.ndarray, mode: str, chunk: int = 2048) -> np.ndarray:
+def similarity(
+    store: SignatureStore, a: np.ndarray, b: np.ndarray, mode: str, chunk: int = 2048, read_chunk: int = 8192
+) -> np.ndarray:
     """Similarity of document pairs as the verification mode measures it.
 
-    ``chunk`` pairs at a time, each of their documents read once: exact Jaccard sorts every
-    shingle of a chunk's pairs (~50 B of working memory per shingle), so this bounds the memory
-    of a bucket however many pairs it has.
+    ``read_chunk`` pairs at a time, their documents' shingles (or signatures) are read, each once
+    and one read per shard; exact Jaccard then sorts ``chunk`` pairs' shingles at a time (~50 B of
+    working memory per shingle). Both bound a bucket's memory however many pairs it has.
     """
     out = np.zeros(len(a))
-    for lo in range(0, len(a), chunk):
-        docs, inverse = np.unique(np.concatenate([a[lo : lo + chunk], b[lo : lo + chunk]]), return_inverse=True)
+    for lo in range(0, len(a), read_chunk):
+        hi = min(lo + read_chunk, len(a))
+        docs, inverse = np.unique(np.concatenate([a[lo:hi], b[lo:hi]]), return_inverse=True)
         ia, ib = np.split(inverse, 2)
-        if mode == "jaccard":
-            out[lo : lo + chunk] = exact_jaccard(*store.shingles(docs), ia, ib)
-        else:
+        if mode != "jaccard":
             signatures = store.signatures(docs)
-            out[lo : lo + chunk] = estimated_jaccard(signatures[ia], signatures[ib])
+            out[lo:hi] = estimated_jaccard(signatures[ia], signatures[ib])
+            continue
+        values, offsets = store.shingles(docs)
+        for start in range(0, hi - lo, chunk):
+            part = slice(start, start + chunk)
+            out[lo + start : lo + start + len(ia[part])] = exact_jaccard(values, offsets, ia[part], ib[part])
     return out
 
 
