@@ -14,8 +14,9 @@ per bucket), verify (exact or estimated Jaccard), components (union-find, surviv
 
 At 10⁹ documents (~300 words each, 128 permutations, 18 bands, the defaults):
 - signatures: 512 B per document on disk, 512 GB in all, written and read per shard;
-- shingle sets for exact-Jaccard verification: ~1.2 KB per document (``verify = "signature"``
-  skips them and estimates instead);
+- shingle hashes for exact-Jaccard verification: 4 B per shingle, ~1.2 KB per document, kept
+  as computed (verification counts distinct values; ``verify = "signature"`` skips them and
+  estimates instead);
 - shuffle records: 19 × 26 B per document, ~500 GB, grouped in buckets of
   ``records_per_bucket`` (2 M records ≈ 50 MB of memory each → ~9,500 bucket work items;
   raise it to cut the number of range reads on object stores: each bucket reads one range

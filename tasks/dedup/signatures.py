@@ -1,5 +1,5 @@
-"""Phase 1, one work item per input shard: texts → exact keys, MinHash signatures, shingle sets and
-the shard's shuffle records.
+"""Phase 1, one work item per input shard: texts → exact keys, MinHash signatures, shingle hashes
+and the shard's shuffle records.
 
 Texts stream in row groups of ``text_batch`` documents; each batch is normalised to bytes, keyed
 and shingled as a whole (``minhash.shard_shingle_hashes``), so memory grows with the batch and
