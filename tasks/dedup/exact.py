@@ -11,7 +11,7 @@ import numpy as np
 import xxhash
 
 
-def exact_keys(normalized_texts: list[bytes]) -> np.ndarray:
-    """``(n, 2)`` uint64 exact keys of normalised UTF-8 texts (``normalize.Words.normalized``)."""
+def exact_keys(normalized_texts: list) -> np.ndarray:
+    """``(n, 2)`` uint64 exact keys of normalised UTF-8 texts (bytes or views: ``normalize.Words.normalized``)."""
     blob = b"".join(map(xxhash.xxh3_128_digest, normalized_texts))
     return np.frombuffer(blob, dtype="<u8").reshape(-1, 2).astype(np.uint64)

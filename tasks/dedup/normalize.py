@@ -143,15 +143,16 @@ class Words:
         first = np.searchsorted(starts, bounds)
         return cls(blob, starts, ends, np.diff(first), first[:-1])
 
-    def normalized(self) -> list[bytes]:
-        """Each document's words joined by single spaces: ``normalize_text(text).encode()``."""
+    def normalized(self) -> list[memoryview]:
+        """Each document's words joined by single spaces: ``normalize_text(text).encode()``, as views
+        of one compacted buffer (hashing them copies nothing)."""
         has = self.counts > 0
         last = self.first[has] + self.counts[has] - 1
         separator = np.ones(len(self.ends), dtype=bool)  # the space after every word but a document's last
         separator[last] = False
         keep = self.blob != _SPACE
         keep[self.ends[separator]] = True
-        compact = self.blob[keep].tobytes()
+        compact = memoryview(self.blob[keep])
         sizes = np.zeros(len(self.counts), dtype=np.int64)
         if has.any():
             sizes[has] = np.add.reduceat(self.ends - self.starts, self.first[has]) + self.counts[has] - 1
