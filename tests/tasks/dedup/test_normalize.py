@@ -1,3 +1,6 @@
+import pyarrow as pa
+import pytest
+
 from tasks.dedup.normalize import Words, normalize_text, normalized_words, spaced_bytes
 
 
@@ -27,5 +30,20 @@ def test_the_byte_path_gives_the_same_words_and_normalised_text_as_the_unicode_p
     words = Words.of([spaced_bytes(t) for t in texts])
     assert words.normalized() == [normalize_text(t).encode("utf-8") for t in texts]
     for d, text in enumerate(texts):
+        mine = range(words.first[d], words.first[d] + words.counts[d])
+        assert [words.blob[words.starts[k] : words.ends[k]].tobytes().decode() for k in mine] == normalized_words(text)
+
+
+@pytest.mark.parametrize("kind", ["string", "large_string", "sliced", "with_null"])
+def test_words_of_an_arrow_batch_are_the_words_of_each_text(kind):
+    texts = ["Hello,  WORLD!", "Größe δοκιμή", "end", "start here", "", "ＦＵＬＬ ｗｉｄｔｈ", "a\x1cb", "tail"]
+    array = pa.array(texts, type=pa.large_string() if kind == "large_string" else pa.string())
+    if kind == "sliced":  # a batch that is a slice of a larger array: its offsets do not start at 0
+        array, texts = pa.array(["skipped", *texts]).slice(1), texts
+    if kind == "with_null":
+        array, texts = pa.array([*texts, None]), [*texts, ""]
+    words = Words.of_arrow(array)
+    assert words.normalized() == [normalize_text(t).encode("utf-8") for t in texts]
+    for d, text in enumerate(texts):  # "end" and "start" are adjacent in the buffer, yet two documents
         mine = range(words.first[d], words.first[d] + words.counts[d])
         assert [words.blob[words.starts[k] : words.ends[k]].tobytes().decode() for k in mine] == normalized_words(text)
