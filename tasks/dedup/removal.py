@@ -15,6 +15,7 @@ from tasks.dedup.plan import REASONS, DedupPlan, document_batches
 from tasks.dedup.store import read_npy
 
 ROWS_PER_GROUP = 10_000
+READ_ROWS = 2_000  # rows decoded at a time: small Arrow buffers are reused, a whole row group's are faulted in anew
 DICTIONARY_COLUMNS = ["source", "lang"]  # few distinct values; a dictionary of texts or ids is abandoned anyway
 # No min/max statistics for long free text: nothing prunes on them, and they were a quarter of the write.
 UNSORTED_COLUMNS = ("text", "meta")
@@ -40,7 +41,17 @@ def filter_shard(plan: DedupPlan, shard: int) -> ShardResult:
                 f, schema, compression="zstd", use_dictionary=DICTIONARY_COLUMNS,
                 write_statistics=[c for c in columns if c not in UNSORTED_COLUMNS],
             ) as writer:
-                for batch in document_batches(plan, shard, None, ROWS_PER_GROUP):
+                pending: list = []  # the filtered batches of the output row group being gathered
+                gathered = 0  # input rows they came from
+
+                def flush() -> None:
+                    nonlocal gathered
+                    if pending:
+                        writer.write_table(pa.Table.from_batches(pending))
+                    pending.clear()
+                    gathered = 0
+
+                for batch in document_batches(plan, shard, None, READ_ROWS):
                     missing = [c for c in columns if c not in batch.schema.names]
                     if missing:
                         raise datasets.DatasetError(
@@ -50,9 +61,13 @@ def filter_shard(plan: DedupPlan, shard: int) -> ShardResult:
                     rows = drops["row"].astype(np.int64)
                     keep[rows[(rows >= seen) & (rows < seen + batch.num_rows)] - seen] = False
                     table = pa.Table.from_batches([batch]).select(columns).cast(schema).filter(pa.array(keep))
-                    writer.write_table(table)
+                    pending.extend(table.to_batches())
                     seen += batch.num_rows
+                    gathered += batch.num_rows
                     kept += table.num_rows
+                    if gathered >= ROWS_PER_GROUP:  # one output row group per ROWS_PER_GROUP input rows
+                        flush()
+                flush()
             return kept
 
         info = datasets.write_shard(url, f"docs-{shard:05d}.parquet", write)
