@@ -321,7 +321,7 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(EXTRACT_ENGINES), help=f"extractors to compare (baseline {BASELINE})")
     parser.add_argument("--split", type=int, default=0, help="re-pack WARC inputs into this many files for the scaling runs (0: as given)")
     parser.add_argument("--workers", type=int, default=2, help="workers of the parallel run (the baseline has 1); 0 skips scaling")
-    parser.add_argument("--repeat", type=int, default=2, help="runs of each (alternating); the best counts")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each (alternating); the best counts")
     parser.add_argument("--datatrove", action="store_true", help="also time datatrove's WarcReader + Trafilatura (see above)")
     args = parser.parse_args()
 
