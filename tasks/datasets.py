@@ -20,6 +20,7 @@ accidents (bit rot, truncation, an overwritten file), not against someone who ca
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 import datetime as dt
 import hashlib
@@ -353,10 +354,17 @@ def run_shard(dataset_url: str, key: str, work: Callable[[], ShardResult]) -> Sh
 
 
 def software_versions() -> dict[str, str]:
+    """The versions of what shapes a dataset's bytes, for its lineage (looked up once per process)."""
+    return dict(_software_versions())
+
+
+@functools.cache
+def _software_versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {"python": platform.python_version()}
-    for dist in ("smelt", "torch", "dask", "prefect", "pyarrow", "tokenizers", "datasketch", "trafilatura"):
+    for dist in ("smelt", "torch", "dask", "prefect", "pyarrow", "tokenizers", "datasketch", "trafilatura",
+                 "resiliparse", "fastwarc", "fasttext"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             out[dist] = metadata.version(dist)
     return out
