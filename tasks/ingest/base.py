@@ -33,7 +33,9 @@ class Document:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_row(self) -> dict[str, Any]:
-        row = dataclasses.asdict(self)
+        """The Parquet row: fields as they are, ``meta`` as JSON (no deep copy, which
+        ``dataclasses.asdict`` makes of every meta dict: 7% of a shard's CPU)."""
+        row = {name: getattr(self, name) for name in _DOCUMENT_FIELDS}
         row["meta"] = json.dumps(self.meta, sort_keys=True)
         return row
 
@@ -42,6 +44,9 @@ class Document:
         row = dict(row)
         row["meta"] = json.loads(row.get("meta") or "{}")
         return cls(**row)
+
+
+_DOCUMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Document))
 
 
 def doc_id(*parts: object) -> str:
