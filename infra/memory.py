@@ -34,6 +34,12 @@ same as none.
 Under FP8 (Transformer Engine) the three norm/SwiGLU outputs that feed a linear layer are kept in FP8:
 (10h + 4kv + 5f)/t, and each layer keeps the FP8 copy of its weights for the backward (``fp8_weight_bytes``).
 Context parallel splits every sequence over cp ranks, so activations scale with seq_len / cp.
+
+The loss holds ``logits_bytes`` per vocabulary entry of its rank's shard. Eager and vocabulary-parallel
+(``loss_parallel`` in torch.distributed.tensor.parallel.loss) it holds more than aten's fused kernels: its
+log-softmax keeps the fp32 input and the shifted copy while it builds the output, and its backward builds
+``(zeros_like(x) + exp(x)) * grad`` next to the saved fp32 output, four fp32 tensors at once
+(``loss_parallel_logits_bytes``).
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class MemoryAssumptions:
     runtime_gb: float = 3.0  # CUDA context, NCCL buffers, cuBLAS workspaces
     headroom: float = 0.10  # fraction of device memory left for allocator fragmentation
     logits_bytes: int = 8  # bf16 logits + fp32 softmax/gradient per vocab entry in the loss
+    # per vocab entry when the loss runs vocabulary-parallel (tp > 1) and eager; None: ``logits_bytes``
+    loss_parallel_logits_bytes: int | None = None
     saves: str = "torch"  # torch (smelt's trainer, llm-foundry) | torchtitan | megatron (Megatron/TE, Llama 3)
     fp8_weight_bytes: int = 1  # Transformer Engine: the FP8 copy of each weight saved for the backward
     fp8_params: bool = False  # FP8 runs keep the layers' weights in FP8 (Megatron's --fp8-param-gather)
@@ -183,7 +191,10 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     working = _stage_activations(shape, layout, 0, tokens, a.saves)  # held once, not per micro-batch in flight
     first_stage = (first - working) * inflight_microbatches(layout, microbatches, split.first_chunks) + working
     last_stage = _stage_activations(shape, layout, split.last_layers, tokens, a.saves)
-    logits = tokens * shape.cfg.vocab_size / layout.tp * a.logits_bytes
+    per_logit = a.logits_bytes
+    if layout.tp > 1 and a.loss_parallel_logits_bytes is not None:
+        per_logit = a.loss_parallel_logits_bytes
+    logits = tokens * shape.cfg.vocab_size / layout.tp * per_logit
     if layout.pp == 1 or split.output_on_first:
         activations, logits_held = first_stage, logits
     elif first_stage >= last_stage + logits:

@@ -56,6 +56,7 @@ class Stack:
     saves: str  # infra.memory.SAVES
     tp_overlap: bool  # tensor-parallel collectives overlap the GEMMs
     logits_bytes: int = 8  # bytes per vocabulary entry the loss holds (torchtitan: bf16 + fp32 copy + grads)
+    loss_parallel_logits_bytes: int | None = None  # the same with the loss vocabulary-parallel (tp > 1)
     grad_bytes: int = 4  # gradient buffers: fp32, or bf16 where the stack reduces in bf16
     fp8_params: bool = False  # FP8 runs store the layers' weights in FP8
     efficiency: str = ""  # the FITTED constant for its GEMM efficiency ('' = its name)
@@ -106,8 +107,12 @@ STACKS = {
                          tp_overlap=False, fp8="fp8_te", overhead="fsdp1_layer_ms"),
     # December 2024: the loss is not compiled (train.py at 9dec370: "compiling loss function causes CUDA
     # errors"), so it holds bf16 logits, their fp32 copy, fp32 and bf16 gradients: 12 bytes per entry.
+    # Under TP the loss runs vocabulary-parallel (parallelize_llama.py: ColwiseParallel output Shard(-1)),
+    # decomposed in torch.distributed.tensor.parallel.loss: the forward holds bf16 logits, the fp32 copy,
+    # the shifted copy and exp/result (14 bytes); the backward the saved fp32 log-probabilities,
+    # zeros_like(x), exp(x) and their sum (16 bytes).
     "torchtitan": Stack("torchtitan", "torchtitan (PyTorch FSDP2/TP/PP, torch.compile, torchao float8)",
-                        saves="torchtitan", tp_overlap=False, logits_bytes=12),
+                        saves="torchtitan", tp_overlap=False, logits_bytes=12, loss_parallel_logits_bytes=16),
     # June 2025 (e7c0cae): components/loss.py compiles the loss with the model, which fuses the fp32 upcast:
     # bf16 logits and their bf16 gradient, 4 bytes per entry. Same kernels otherwise.
     "torchtitan-2506": Stack("torchtitan-2506", "torchtitan, June 2025 (compiled loss)", saves="torchtitan",
@@ -346,7 +351,8 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
                                gather_bytes=1.0 if run.fp8_all_gather else 2.0, loss_bytes=stack.loss_bytes,
                                tp_overlap_kind=stack.tp_overlap_kind)
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
-    memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes, grad_bytes=stack.grad_bytes,
+    memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes,
+                               loss_parallel_logits_bytes=stack.loss_parallel_logits_bytes, grad_bytes=stack.grad_bytes,
                                fp8_params=stack.fp8_params, headroom=0.0)
     best: Scored | None = None
     for layout in _layouts(run, shape):

@@ -59,6 +59,16 @@ def test_memory_breakdown_matches_a_hand_computed_zero3_case():
     assert mem.usable == 72e9 and mem.fits
 
 
+def test_vocabulary_parallel_loss_holds_its_own_bytes_per_logit_only_under_tensor_parallel():
+    # torch.distributed.tensor.parallel.loss decomposes log-softmax and its backward (four fp32 tensors at once)
+    a = MemoryAssumptions(logits_bytes=12, loss_parallel_logits_bytes=16)
+    shape = ModelShape(SMALL, 512)
+    for tp, per_logit in ((1, 12), (2, 16)):
+        layout = Layout(tp=tp, pp=1, dp_replicate=1, dp_shard=4, zero=3, micro_batch=2)
+        mem = memory_per_rank(shape, layout, gpu("h100"), microbatches=1, a=a)
+        assert mem.logits == 1024 * SMALL.vocab_size / tp * per_logit
+
+
 def test_full_recomputation_keeps_inputs_plus_one_layer():
     shape = ModelShape(SMALL, 512)
     layout = Layout(tp=2, pp=1, dp_replicate=1, dp_shard=4, zero=3, micro_batch=2, activation_checkpoint="full")
