@@ -41,8 +41,9 @@ class ClientMap:
         index = {f.key: i for i, f in enumerate(futures)}
         results: list = [None] * len(futures)
         step = max(1, len(futures) // 10)
-        for done, future in enumerate(as_completed(futures), 1):
-            results[index[future.key]] = future.result()
+        # with_results: results come over in the background as tasks finish, not one round trip each
+        for done, (future, result) in enumerate(as_completed(futures, with_results=True), 1):
+            results[index[future.key]] = result
             if done == len(futures) or done % step == 0:
                 self.log_fn(f"{label or getattr(fn, '__name__', 'map')}: {done}/{len(futures)} work items done")
         return results
