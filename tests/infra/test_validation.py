@@ -14,7 +14,7 @@ BY_KEY = {r.run.key: r for r in ROWS}
 # The bound this table holds today. Lower these when a change improves it; a change that breaks them made the
 # planner worse on runs it was not fitted to.
 HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.048, 0.20, 0.041, 0.165
-MEMORY_WITHIN_10 = 12  # rows whose peak memory is within 10% of the published figure
+MEMORY_WITHIN_10 = 13  # rows whose peak memory is within 10% of the published figure
 
 
 def test_held_out_error_stays_within_the_bound():
