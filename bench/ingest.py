@@ -51,7 +51,6 @@ engine's ``docs_per_core_s`` over it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -64,7 +63,7 @@ from pathlib import Path
 
 import fsspec
 
-from tasks import datasets
+from tasks import config, datasets
 from tasks.datasets import Stats
 from tasks.ingest.base import Document
 from tasks.ingest.config import EXTRACT_ENGINES, WARC_ENGINES, IngestConfig
@@ -81,8 +80,7 @@ BASELINE = "trafilatura"
 
 def engine_config(engine: str) -> IngestConfig:
     """The default config with ``extract.engine = engine``."""
-    cfg = IngestConfig()
-    return dataclasses.replace(cfg, extract=dataclasses.replace(cfg.extract, engine=engine))
+    return config.load(IngestConfig, overrides=[f"extract.engine={engine}"])
 
 
 def split_warcs(urls: list[str], files: int, folder: Path) -> list[str]:
@@ -208,12 +206,6 @@ def measure_engines(inputs: list[str], engines: list[str], repeat: int, work: Pa
     return results
 
 
-def reader_config(warc_engine: str) -> IngestConfig:
-    """The default config with ``reader.warc_engine = warc_engine``."""
-    cfg = IngestConfig()
-    return dataclasses.replace(cfg, reader=dataclasses.replace(cfg.reader, warc_engine=warc_engine))
-
-
 def read_all(inputs: list[str], cfg: IngestConfig) -> tuple[list[Document], dict]:
     stats = Stats()
     return [d for url in inputs for d in read_documents(url, cfg.reader, stats)], dict(stats)
@@ -223,7 +215,7 @@ def measure_reader(inputs: list[str], repeat: int, work: Path) -> dict:
     """The whole reader and the whole stage with each ``reader.warc_engine``, best of ``repeat`` alternating runs."""
     from fastwarc.warc import ArchiveIterator, WarcRecordType
 
-    configs = {e: reader_config(e) for e in WARC_ENGINES}
+    configs = {e: config.load(IngestConfig, overrides=[f"reader.warc_engine={e}"]) for e in WARC_ENGINES}
     outputs = {e: read_all(inputs, cfg) for e, cfg in configs.items()}  # also warms imports
     reader_cpu = {e: float("inf") for e in configs}
     stage_cpu = dict(reader_cpu)
