@@ -33,6 +33,7 @@ over the cp ranks, so gradients reduce over dp_shard × cp.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from infra.catalogue import GPU
@@ -56,7 +57,6 @@ ATTENTION_KERNELS = {
     "fa2": ((191, 260, 298, 319, 333, 335), (309, 350, 362, 368, 370, 370), (214, 260, 291, 310, 318, 322)),
     "cudnn": ((315, 410, 484, 518, 529, 539), (497, 574, 617, 609, 600, 595), (305, 408, 465, 499, 518, 516)),
 }
-H100_PEAK_TFLOPS = 989.0
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ def attention_seconds(shape: ModelShape, layout: Layout, gpu: GPU, a: TimingAssu
     slower than the forward."""
     c = shape.cfg
     length = shape.seq_len // layout.cp
-    i = max([k for k, n in enumerate(KERNEL_LENGTHS) if n <= length] or [0])
+    i = max(bisect.bisect_right(KERNEL_LENGTHS, length) - 1, 0)  # the longest measured length not above it
     causal, full, backward = (table[i] for table in ATTENTION_KERNELS[a.attention_kernel])
     rate = gpu.peak_flops * (a.compute if a.compute is not None else gpu.compute_efficiency) * a.attention
     reference = ATTENTION_KERNELS["fa2"][0][-1]
