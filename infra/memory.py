@@ -33,7 +33,12 @@ all-gather it again in the backward, and the fused SwiGLU keeps only its input a
 same as none.
 Under FP8 (Transformer Engine) the three norm/SwiGLU outputs that feed a linear layer are kept in FP8:
 (10h + 4kv + 5f)/t, and each layer keeps the FP8 copy of its weights for the backward (``fp8_weight_bytes``).
-Context parallel splits every sequence over cp ranks, so activations scale with seq_len / cp.
+Context parallel splits every sequence over cp ranks, so activations scale with seq_len / cp. torch's ring
+attention (``torch.distributed.tensor.experimental``, as torchtitan runs it) adds, while a layer's backward
+runs, the K and V of the whole sequence (its default rotation all-gathers them) and fp32 buffers: the q, k, v
+gradient accumulators, the k, v gradients sent on and received, and the kernel's bf16 q, k, v gradients
+(``cp_ring_bytes``), which the rank holds after its loss has freed the logits. torchtitan repeats K and V to the query heads before attention, so its K and V are as wide
+as q. Transformer Engine's ring (``saves="megatron"``) sends one GQA-width chunk at a time: not counted.
 
 The loss holds ``logits_bytes`` per vocabulary entry of its rank's shard. Eager and vocabulary-parallel
 (``loss_parallel`` in torch.distributed.tensor.parallel.loss) it holds more than aten's fused kernels: its
@@ -146,6 +151,20 @@ def layer_activation_bytes(shape: ModelShape, tp: int, activation_checkpoint: st
     raise ValueError(f"activation_checkpoint must be one of {', '.join(AC_MODES)}, got {activation_checkpoint!r}")
 
 
+def cp_ring_bytes(shape: ModelShape, layout: Layout, tokens: int, saves: str) -> float:
+    """Bytes torch's ring attention holds during one layer's backward on a rank with ``tokens`` tokens."""
+    if layout.cp == 1 or saves == "megatron":
+        return 0.0
+    c = shape.cfg
+    q = c.n_heads * c.head_dim / layout.tp
+    kv = (c.n_heads if saves == "torchtitan" else c.n_kv_heads) * c.head_dim / layout.tp
+    gathered = layout.cp * 2 * kv * 2  # K and V of every rank, bf16
+    accumulators = (q + 2 * kv) * 4  # fp32
+    exchanged = 2 * (2 * kv * 4)  # k, v gradients sent on and received, fp32
+    kernel = (q + 2 * kv) * 2  # the attention backward's own outputs, bf16
+    return tokens * (gathered + accumulators + exchanged + kernel)
+
+
 def _stage_activations(shape: ModelShape, layout: Layout, layers: int, tokens: int, saves: str) -> float:
     """One micro-batch's saved activations on a stage of ``layers`` layers, plus the recompute working set."""
     kept = layer_activation_bytes(shape, layout.tp, layout.activation_checkpoint, saves, layout.precision)
@@ -204,6 +223,8 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     else:
         activations, logits_held = last_stage, logits
 
+    # The ring's buffers live during a layer's backward, after the loss has freed the logits on its rank.
+    activations += max(cp_ring_bytes(shape, layout, tokens, a.saves) - logits_held, 0.0)
     return MemoryBreakdown(params=params, grads=grads, optimizer=optimizer, fsdp_buffers=buffers,
                            activations=activations, logits=logits_held, runtime=a.runtime_gb * GB,
                            usable=gpu.memory_gb * GB * (1 - a.headroom))

@@ -284,6 +284,13 @@ RUNS: list[Run] = [
     Run("titan-405b-512-interleaved", "torchtitan", TITAN + "5 (3D, Interleaved 1F1B)", "Llama 3.1 405B",
         PRESETS["405b"], "h100-96gb-500w", 512, 8192, 256, "tp=8,pp=8,mb=4,ac=full,schedule=Interleaved1F1B,vp=2",
         "fp8", 128, "tokens/s/GPU", memory_gib=72.7, tp_overlap=True),
+    # Table 6: the 405B 3D layout of Table 5 (1F1B, AsyncTP) with context parallel folded out of FSDP; local batch 8
+    # in pp = 8 micro-batches of one sequence, so every rank holds 32,768 tokens of a micro-batch at every cp.
+    *[Run(f"titan-405b-512-cp{cp}", "torchtitan", TITAN + "6 (4D, FSDP + TP + PP + CP)", "Llama 3.1 405B",
+          PRESETS["405b"], "h100-96gb-500w", 512, seq, 8 * (8 // cp), f"tp=8,pp=8,cp={cp},mb=1,ac=full,schedule=1F1B",
+          "fp8", tps, "tokens/s/GPU", memory_gib=mem, tp_overlap=True)
+      for cp, seq, tps, mem in ((1, 32768, 76, 75.3), (2, 65536, 47, 75.9), (4, 131072, 31, 77.1),
+                                (8, 262144, 16, 84.9))],
     Run("titan-h200-8b-32", "torchtitan-2506", TRAINY, "Llama 3.1 8B", PRESETS["8b"], "h200", 32, 8192, 64,
         "tp=1,mb=2,ac=selective", "fp8", 10938, "tokens/s/GPU", memory_gib=47.96, fits="torchtitan",
         fp8_all_gather=True),
