@@ -64,11 +64,13 @@ class MemoryAssumptions:
     optimizer_bytes: int = 12  # Adam: fp32 master + m + v
     runtime_gb: float = 3.0  # CUDA context, NCCL buffers, cuBLAS workspaces
     headroom: float = 0.10  # fraction of device memory left for allocator fragmentation
-    # Per vocab entry in the loss. smelt's trainer (tasks/train/trainer.py ``_loss``) upcasts the bf16
-    # logits and calls eager cross entropy, as torchtitan did in Dec 2024: 12 bytes with aten's kernels,
-    # 16 when the loss runs vocabulary-parallel (tp > 1); validation stacks set their own.
-    logits_bytes: int = 12
-    loss_parallel_logits_bytes: int | None = 16  # None: ``logits_bytes`` under TP too
+    # Per vocab entry in the loss. smelt's trainer (tasks/train/cross_entropy.py) recomputes the fp32 softmax
+    # chunk by chunk in the backward: the bf16 logits, the chunks' bf16 gradients and their concatenation,
+    # also vocabulary-parallel (bench/loss_memory.py measures 4.8 on CPU, where the logits are freed before
+    # the concatenation), plus one chunk's fp32 transients (about 0.2 GB, not counted). Eager cross entropy
+    # holds 12, and 16 vocabulary-parallel; validation stacks set theirs.
+    logits_bytes: int = 6
+    loss_parallel_logits_bytes: int | None = None  # None: ``logits_bytes`` under TP too
     saves: str = "torch"  # torch (smelt's trainer, llm-foundry) | torchtitan | megatron (Megatron/TE, Llama 3)
     fp8_weight_bytes: int = 1  # Transformer Engine: the FP8 copy of each weight saved for the backward
     fp8_params: bool = False  # FP8 runs keep the layers' weights in FP8 (Megatron's --fp8-param-gather)

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
@@ -35,6 +34,7 @@ from tasks.train import goodput, hf, metrics, pipeline, watchdog
 from tasks.train.callbacks import Callback, Callbacks
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import DataConfig, TrainConfig
+from tasks.train.cross_entropy import token_sum_cross_entropy
 from tasks.train.data import TokenLoader
 from tasks.train.faults import FaultInjector
 from tasks.train.loss_guard import LossGuard, SkippedRange, SkipList, skip_window
@@ -268,8 +268,7 @@ class Trainer:
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Token-summed cross entropy over this rank's whole step: see the module docstring."""
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
-        return ce / self.batch.tokens_per_rank_step
+        return token_sum_cross_entropy(logits, targets) / self.batch.tokens_per_rank_step
 
     def _train_context(self) -> contextlib.ExitStack:
         """Loss parallel under TP (the vocabulary-sharded logits are never gathered); autocast when

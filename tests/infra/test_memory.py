@@ -55,7 +55,7 @@ def test_memory_breakdown_matches_a_hand_computed_zero3_case():
     assert mem.optimizer == 12 * 39_850_496 / 4
     assert mem.fsdp_buffers == 15_730_688 / 2 * (2 * 2 + 4)  # two gathered bf16 layers + one fp32 gradient
     assert mem.activations == 4 * 25_600 * 1024  # 4 layers × bytes/token × (2 × 512) tokens
-    assert mem.logits == 1024 * 8192 / 2 * 16  # tp 2: the vocabulary-parallel eager loss, 16 bytes per logit
+    assert mem.logits == 1024 * 8192 / 2 * 6  # tp 2: the trainer's chunked loss, 6 bytes per logit
     assert mem.usable == 72e9 and mem.fits
 
 

@@ -1,0 +1,35 @@
+"""Cross entropy over a rank's logits that never holds their whole fp32 softmax.
+
+``F.cross_entropy(logits.float())`` keeps an fp32 copy of the logits and their fp32 log-softmax for the
+backward: 12 bytes per logit at its peak, and 16 under tensor parallelism, where torch's vocabulary-parallel
+loss (``loss_parallel``) decomposes log-softmax and its backward. Here the tokens are cut into chunks of about
+``CHUNK_LOGITS`` logits and each chunk's loss runs under activation checkpointing, so the backward recomputes
+one chunk's fp32 softmax at a time. The loss then holds about 6 bytes per logit: the bf16 logits, the chunks'
+bf16 gradients and their concatenation (``bench/loss_memory.py`` measures both). The price is one more
+forward pass of the loss, which reads and writes only the logits. A micro-batch of one chunk or less is
+computed as one eager loss: its peak is one chunk's, and recomputing it would save nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_LOGITS = 2**24  # logits per chunk: 64 MB of fp32 transients, whatever the vocabulary
+
+
+def _summed(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), targets, reduction="sum")
+
+
+def token_sum_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, chunk_logits: int | None = None
+                            ) -> torch.Tensor:
+    """Cross entropy summed over tokens. ``logits`` (B, T, V), or a DTensor sharded over V under
+    ``loss_parallel``; ``targets`` (B, T); ``chunk_logits`` defaults to ``CHUNK_LOGITS``."""
+    flat, labels = logits.flatten(0, 1), targets.flatten()
+    tokens = max(1, (chunk_logits or CHUNK_LOGITS) // logits.shape[-1])
+    if flat.shape[0] <= tokens:  # one chunk: recomputing it would save nothing
+        return _summed(flat, labels)
+    parts = [checkpoint(_summed, x, y, use_reentrant=False) for x, y in zip(flat.split(tokens), labels.split(tokens))]
+    return sum(parts[1:], parts[0])
