@@ -2,10 +2,14 @@ import hashlib
 import io
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from tasks import datasets
+from tasks.dedup import lsh, pairs, verify
+from tasks.dedup import signatures as signatures_step
+from tasks.dedup.candidates import near_candidates
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.stage import run_dedup
 from tests.tasks.dedup.corpus import SHARDS, read_ids, write_documents
@@ -51,6 +55,33 @@ def test_clusters_dataset_lists_members_kept_first_with_similarities():
 def test_other_verification_modes_agree_on_clear_cut_duplicates(mode):
     out = _run(f"memory://stage-{mode}", verify=mode)
     assert read_ids(out) == [["a-copy", "c"], ["b-near", "a-far", "empty", "null"]]
+
+
+@pytest.mark.parametrize("mode", ["jaccard", "signature"])
+def test_band_key_collisions_add_only_candidates_that_are_never_judged(monkeypatch, mode):
+    # 2-bit band keys put unrelated documents in one bucket, as a 64-bit collision would (rarely); each
+    # candidate is confirmed against its band's values, so the judged pairs and the output stay the same
+    candidates = []
+
+    def counted(records, fanout):
+        out = near_candidates(records, fanout)
+        candidates.append(len(out[0]))
+        return out
+
+    def colliding(signatures, bands, rows):
+        return lsh.band_keys(signatures, bands, rows) & np.uint64(3)
+
+    monkeypatch.setattr(pairs, "near_candidates", counted)
+    want = _run(f"memory://stage-keys-{mode}", verify=mode)
+    plain, candidates[:] = sum(candidates), []
+    monkeypatch.setattr(signatures_step, "band_keys", colliding)
+    monkeypatch.setattr(verify, "band_keys", colliding)
+    got = _run(f"memory://stage-collide-{mode}", verify=mode)
+    assert sum(candidates) > plain + 10
+    assert read_ids(got) == read_ids(want)
+    same = ("in", "out", "dropped.exact_duplicate", "dropped.near_duplicate", "dedup.clusters",
+            "dedup.candidate_pairs", "dedup.verified_pairs")
+    assert {k: got.stats[k] for k in same} == {k: want.stats[k] for k in same}
 
 
 def test_work_files_are_removed_after_commit_unless_kept():

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from tasks.dedup import lsh, verify
 from tasks.dedup.verify import estimated_jaccard, exact_jaccard, first_equal_band
 
 
@@ -23,6 +24,26 @@ def test_first_equal_band_finds_the_earliest_agreeing_band_or_none():
     signatures = np.array([[1, 2, 3, 4, 5, 6], [9, 2, 3, 4, 5, 6], [9, 9, 9, 9, 9, 9]], dtype=np.uint32)
     a, b = np.array([0, 0, 1]), np.array([1, 2, 1])
     assert first_equal_band(signatures, a, b, bands=3, rows=2).tolist() == [1, -1, 0]
+
+
+def _colliding_band_keys(signatures, bands, rows):
+    """Band keys with 2 bits: most different bands collide, as a 64-bit collision would, only often."""
+    return lsh.band_keys(signatures, bands, rows) & np.uint64(3)
+
+
+def test_a_band_key_collision_never_counts_as_an_equal_band(monkeypatch):
+    rng = np.random.default_rng(0)
+    signatures = rng.integers(0, 4, size=(60, 12), dtype=np.uint32)  # 4 values: some bands agree by chance
+    a, b = np.triu_indices(60, k=1)
+    truth = np.full(len(a), -1)
+    for i, (x, y) in enumerate(zip(a, b)):
+        equal = [(signatures[x, 3 * k: 3 * k + 3] == signatures[y, 3 * k: 3 * k + 3]).all() for k in range(4)]
+        truth[i] = equal.index(True) if any(equal) else -1
+    monkeypatch.setattr(verify, "band_keys", _colliding_band_keys)
+    got = first_equal_band(signatures, a, b, bands=4, rows=3)
+    colliding = _colliding_band_keys(signatures, 4, 3)
+    assert ((colliding[a] == colliding[b]).any(axis=1) & (truth == -1)).sum() > 100  # collisions happened
+    assert got.tolist() == truth.tolist()
 
 
 def test_estimated_jaccard_is_the_share_of_equal_values():
