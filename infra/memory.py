@@ -37,8 +37,9 @@ Context parallel splits every sequence over cp ranks, so activations scale with 
 attention (``torch.distributed.tensor.experimental``, as torchtitan runs it) adds, while a layer's backward
 runs, the K and V of the whole sequence (its default rotation all-gathers them) and fp32 buffers: the q, k, v
 gradient accumulators, the k, v gradients sent on and received, and the kernel's bf16 q, k, v gradients
-(``cp_ring_bytes``), which the rank holds after its loss has freed the logits. torchtitan repeats K and V to the query heads before attention, so its K and V are as wide
-as q. Transformer Engine's ring (``saves="megatron"``) sends one GQA-width chunk at a time: not counted.
+(``cp_ring_bytes``), which the rank holds after its loss has freed the logits. torchtitan repeats K and V to
+the query heads before attention, so its K and V are as wide as q. Transformer Engine's ring
+(``saves="megatron"``) sends one GQA-width chunk at a time: not counted.
 
 The loss holds ``logits_bytes`` per vocabulary entry of its rank's shard. Eager and vocabulary-parallel
 (``loss_parallel`` in torch.distributed.tensor.parallel.loss) it holds more than aten's fused kernels: its
@@ -67,7 +68,7 @@ class MemoryAssumptions:
     # Per vocab entry in the loss. smelt's trainer (tasks/train/cross_entropy.py) recomputes the fp32 softmax
     # chunk by chunk in the backward: the bf16 logits, the chunks' bf16 gradients and their concatenation,
     # also vocabulary-parallel (bench/loss_memory.py measures 4.8 on CPU, where the logits are freed before
-    # the concatenation), plus one chunk's fp32 transients (about 0.2 GB, not counted). Eager cross entropy
+    # the concatenation), plus one chunk's fp32 transients (about 1 GB, not counted). Eager cross entropy
     # holds 12, and 16 vocabulary-parallel; validation stacks set theirs.
     logits_bytes: int = 6
     loss_parallel_logits_bytes: int | None = None  # None: ``logits_bytes`` under TP too
