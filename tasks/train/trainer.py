@@ -294,7 +294,9 @@ class Trainer:
                     losses = []
                     args = (mb_inputs,) if self.holds_first_stage else ()
                     targets_arg = mb_targets if self.holds_last_stage else None
-                    self.schedule.step(*args, target=targets_arg, losses=losses)
+                    # return_outputs=False: the last stage would otherwise keep every micro-batch's logits
+                    # until the step ends (its outputs are never used: the losses are).
+                    self.schedule.step(*args, target=targets_arg, losses=losses, return_outputs=False)
                 for loss in losses:
                     total += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
         return total

@@ -78,11 +78,14 @@ def run_layout(cfg: TrainConfig, data_url: str, run_dir: str) -> dict:
         trainer.optimizers.zero_grad()
         trainer.forward_backward(inputs, targets)
         grads = full_gradients(trainer)
+        stages = getattr(trainer.schedule, "_stages", None) or [getattr(trainer.schedule, "_stage", None)]
+        retained = sum(len(stage.output_chunks) for stage in stages if stage is not None)  # the last stage's logits
         summary = trainer.train()
         records = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))] if trainer.rank == 0 else []
     finally:
         trainer.close()
-    return {"grads": grads, "losses": summary["losses"], "grad_norms": [r["grad_norm"] for r in records]}
+    return {"grads": grads, "losses": summary["losses"], "grad_norms": [r["grad_norm"] for r in records],
+            "retained_outputs": retained}
 
 
 def _worker(rank: int, data_url: str, out_dir: str, layouts: dict[str, list[str]]) -> None:
@@ -117,6 +120,7 @@ def assert_matches_reference(results: dict[str, list[dict]], reference: dict) ->
         for result in ranks:
             merged.update(result["grads"])
             assert result["losses"] == ranks[0]["losses"], f"{name}: ranks disagree on the loss"
+            assert result["retained_outputs"] == 0, f"{name}: a pipeline stage kept its outputs after the step"
         assert sorted(merged) == sorted(ref_grads), f"{name}: the stages do not cover the model"
         for key, grad in merged.items():
             torch.testing.assert_close(grad, ref_grads[key], rtol=1e-4, atol=1e-7, msg=lambda m: f"{name} {key}: {m}")
