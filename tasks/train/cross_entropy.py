@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 # Logits per chunk: 256 MB per fp32 copy of a chunk, and few enough chunks (8 for a 70B's 8K-token micro-batch
@@ -28,9 +29,11 @@ def _summed(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def token_sum_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, chunk_logits: int | None = None
                             ) -> torch.Tensor:
     """Cross entropy summed over tokens. ``logits`` (B, T, V), or a DTensor sharded over V under
-    ``loss_parallel``; ``targets`` (B, T); ``chunk_logits`` defaults to ``CHUNK_LOGITS``."""
+    ``loss_parallel``; ``targets`` (B, T); ``chunk_logits`` (this rank's logits per chunk) defaults to
+    ``CHUNK_LOGITS``."""
     flat, labels = logits.flatten(0, 1), targets.flatten()
-    tokens = max(1, (chunk_logits or CHUNK_LOGITS) // logits.shape[-1])
+    vocab = logits.to_local().shape[-1] if isinstance(logits, DTensor) else logits.shape[-1]  # this rank's
+    tokens = max(1, (chunk_logits or CHUNK_LOGITS) // vocab)
     if flat.shape[0] <= tokens:  # one chunk: recomputing it would save nothing
         return _summed(flat, labels)
     parts = [checkpoint(_summed, x, y, use_reentrant=False) for x, y in zip(flat.split(tokens), labels.split(tokens))]
