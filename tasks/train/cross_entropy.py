@@ -36,5 +36,7 @@ def token_sum_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, chunk_l
     tokens = max(1, (chunk_logits or CHUNK_LOGITS) // vocab)
     if flat.shape[0] <= tokens:  # one chunk: recomputing it would save nothing
         return _summed(flat, labels)
-    parts = [checkpoint(_summed, x, y, use_reentrant=False) for x, y in zip(flat.split(tokens), labels.split(tokens))]
+    # the loss draws no random numbers: no RNG state to save and restore per chunk
+    parts = [checkpoint(_summed, x, y, use_reentrant=False, preserve_rng_state=False)
+             for x, y in zip(flat.split(tokens), labels.split(tokens))]
     return sum(parts[1:], parts[0])
