@@ -20,9 +20,9 @@ accidents (bit rot, truncation, an overwritten file), not against someone who ca
 from __future__ import annotations
 
 import contextlib
-import functools
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import io
 import json

@@ -13,6 +13,7 @@ import dataclasses
 import unicodedata
 
 import numpy as np
+import pyarrow as pa
 
 _SPACE = ord(" ")
 
@@ -76,8 +77,6 @@ def spaced_batch(texts) -> tuple[bytes, np.ndarray]:
     string per document. Only texts with non-ASCII bytes (and batches with nulls, which count as
     empty) go through the per-document Unicode path.
     """
-    import pyarrow as pa
-
     if texts.null_count or not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
         pieces = [spaced_bytes(t or "") for t in texts.to_pylist()]
         return b"".join(pieces), np.r_[0, np.cumsum([len(p) for p in pieces], dtype=np.int64)]

@@ -38,9 +38,8 @@ from typing import Any
 import fsspec
 
 from tasks.datasets import Stats, filesystem, normalize_url, remote_options
-from tasks.ingest.base import Document
+from tasks.ingest.base import Document, doc_id
 from tasks.ingest.code.config import CodeReaderConfig
-from tasks.ingest.base import doc_id
 from tasks.ingest.readers import GLOB_CHARS, InputError, input_size, read_json_lines, read_parquet_rows
 
 log = logging.getLogger(__name__)
