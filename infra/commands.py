@@ -52,7 +52,7 @@ SchedulesOpt = Annotated[str, typer.Option(help="Pipeline schedules the search m
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 LayoutOpt = Annotated[Optional[str], typer.Option(
     help="Score exactly this layout instead of searching, e.g. tp=8,pp=4,dp=64,cp=1,mb=1,ac=selective,schedule=1F1B "
-         "(also vp, dp_shard, zero, balanced).")]
+         "(also vp, dp_shard, zero, split).")]
 PrecisionOpt = Annotated[str, typer.Option(help="bf16, or fp8: the linear layers' GEMMs in FP8 (TE / torchao).")]
 ModelSetOpt = Annotated[Optional[list[str]], typer.Option(
     "--model-set",

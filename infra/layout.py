@@ -14,8 +14,10 @@ ZeRO stage is not a free choice everywhere; it follows what FSDP2 does in the tr
 Pipeline stages follow tasks/train/pipeline.py: 1F1B (one stage per rank), Interleaved1F1B (two,
 round-robin) or ZBVZeroBubble (two, folded: rank 0 holds the first and the last stage); layers split
 as evenly as possible with the remainder on earlier stages, embeddings on the first stage and the output
-projection on the last. ``balanced_stages`` instead takes one layer off the first and the last rank and
-allows one layer per virtual stage, as Llama 3 did; only the calibration against Llama 3 uses it.
+projection on the last. Two other splits describe other systems' runs (``stage_split``): ``balanced``
+takes one layer off the first and the last rank and allows one layer per virtual stage, as Llama 3 did;
+``torchtitan`` gives the first and the last stage the base count and the middle stages the remainder
+(``generate_split_points`` in torchtitan's pipelining utilities, December 2024).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tasks.model_config import ModelConfig
 from tasks.train.config import AC_MODES, ParallelConfig
 from tasks.train.config import PP_SCHEDULES as TRAINER_SCHEDULES  # schedule → stages per rank (the trainer's)
 PRECISIONS = ("bf16", "fp8")
+STAGE_SPLITS = ("even", "balanced", "torchtitan")
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Layout:
     activation_checkpoint: str = "none"  # none | selective | full, as tasks/train/parallelize.py applies them
     pp_schedule: str = "1F1B"  # 1F1B | Interleaved1F1B | ZBVZeroBubble
     virtual_stages: int = 1
-    balanced_stages: bool = False  # Llama 3-style stage balancing (calibration only, see module doc)
+    stage_split: str = "even"  # even (the trainer's) | balanced (Llama 3) | torchtitan, see the module doc
     cp: int = 1  # context parallel: each rank holds seq_len / cp tokens of every sequence (ring attention)
     precision: str = "bf16"  # bf16 | fp8 (the linear layers' GEMMs in FP8, as Transformer Engine / torchao)
 
@@ -67,11 +70,12 @@ class Layout:
                                f"v{self.virtual_stages}" if self.virtual_stages > 1 else "")
         cp = f"·cp{self.cp}" if self.cp > 1 else ""
         name = f"tp{self.tp}{cp}·{pp}·{dp}·zero{self.zero}·mb{self.micro_batch}·ac-{self.activation_checkpoint}"
-        return name + ("·balanced" if self.balanced_stages else "") + ("·fp8" if self.precision == "fp8" else "")
+        split = "" if self.stage_split == "even" else f"·{self.stage_split}"
+        return name + split + ("·fp8" if self.precision == "fp8" else "")
 
     def split(self, shape: ModelShape) -> StageSplit:
         folded = self.pp_schedule == "ZBVZeroBubble"
-        return split_stages(shape, self.pp, self.virtual_stages, self.balanced_stages, folded)
+        return split_stages(shape, self.pp, self.virtual_stages, self.stage_split, folded)
 
     def microbatches(self, global_seqs: int) -> int:
         """Micro-batches per data-parallel rank per step (gradient accumulation × pipeline fill)."""
@@ -145,72 +149,87 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class StageSplit:
-    """Layers per pipeline rank. ``max_flops`` (FLOPs per token of the busiest rank) sets the pipeline's
-    pace; rank 0 holds the most micro-batches in flight; ``output_rank`` holds the output projection."""
+    """Layers per pipeline rank. ``chunks[r]`` lists the layers of rank r's virtual stages in schedule order;
+    ``params[r]`` its parameters (embedding on rank 0, output projection on ``output_rank``); ``max_flops``
+    (FLOPs per token of the busiest rank) sets the pipeline's pace."""
 
-    first_layers: int
-    last_layers: int  # on the output rank
-    max_layers: int
+    chunks: tuple[tuple[int, ...], ...]
+    params: tuple[int, ...]
+    output_rank: int
     max_flops: float
-    first_params: int
-    last_params: int
-    output_on_first: bool
-    per_rank: tuple[int, ...] = ()  # layers on each rank
-    output_rank: int = 0
-    first_chunks: tuple[int, ...] = ()  # layers of each of rank 0's virtual stages, in schedule order
+
+    @property
+    def per_rank(self) -> tuple[int, ...]:
+        return tuple(sum(c) for c in self.chunks)
+
+    @property
+    def first_layers(self) -> int:
+        return self.per_rank[0]
+
+    @property
+    def last_layers(self) -> int:  # on the output rank
+        return self.per_rank[self.output_rank]
+
+    @property
+    def max_layers(self) -> int:
+        return max(self.per_rank)
+
+    @property
+    def first_chunks(self) -> tuple[int, ...]:
+        return self.chunks[0]
+
+    @property
+    def first_params(self) -> int:
+        return self.params[0]
 
     @property
     def max_params(self) -> int:
-        return max(self.first_params, self.last_params)
+        return max(self.params)
+
+    @property
+    def output_on_first(self) -> bool:
+        return self.output_rank == 0
 
 
-def split_stages(shape: ModelShape, pp: int, virtual_stages: int = 1, balanced: bool = False,
+def split_stages(shape: ModelShape, pp: int, virtual_stages: int = 1, style: str = "even",
                  folded: bool = False) -> StageSplit:
-    """How ``n_layers`` land on ``pp`` ranks (see the module docstring for the two ways)."""
-    key = (pp, virtual_stages, balanced, folded)
+    """How ``n_layers`` land on ``pp`` ranks (see the module docstring for the three ways)."""
+    if style not in STAGE_SPLITS:
+        raise ValueError(f"stage split must be one of {', '.join(STAGE_SPLITS)}, got {style!r}")
+    key = (pp, virtual_stages, style, folded)
     if key not in shape.splits:
-        shape.splits[key] = (_balanced_split(shape, pp, virtual_stages) if balanced
-                             else _even_split(shape, pp, virtual_stages, folded))
+        stages = stage_layers(shape.cfg.n_layers, pp * virtual_stages, style)
+        if folded:  # rank r runs stages r and 2pp−1−r; rank 0 holds the output projection
+            chunks, output_rank = [(stages[r], stages[-1 - r]) for r in range(pp)], 0
+        else:  # rank r runs stages r, r+pp, …
+            chunks, output_rank = [tuple(stages[r::pp]) for r in range(pp)], pp - 1
+        shape.splits[key] = _stage_split(shape, chunks, output_rank)
     return shape.splits[key]
 
 
-def _stage_split(shape: ModelShape, per_rank: list[int], output_rank: int, first_chunks: list[int]) -> StageSplit:
-    lp, lf = shape.layer_params, shape.layer_flops
-    loads = [n * lf for n in per_rank]
+def stage_layers(n_layers: int, stages: int, style: str = "even") -> list[int]:
+    """Layers of each pipeline stage, in stage order (see the module docstring)."""
+    if style == "balanced":  # Llama 3 (paper §3.3.2); with one layer per stage the first and last hold none
+        base, extra = divmod(n_layers + 2, stages)
+        layers = [base + (1 if s < extra else 0) for s in range(stages)]
+        layers[0] -= 1
+        layers[-1] -= 1
+        return layers
+    base, extra = divmod(n_layers, stages)
+    if style == "torchtitan":
+        layers = [base] + [base + (1 if s < extra else 0) for s in range(stages - 2)]
+        return layers + [n_layers - sum(layers)] if stages > 1 else [n_layers]
+    return [base + (1 if s < extra else 0) for s in range(stages)]  # tasks/train/pipeline.py's layer_split
+
+
+def _stage_split(shape: ModelShape, chunks: list[tuple[int, ...]], output_rank: int) -> StageSplit:
+    per_rank = [sum(c) for c in chunks]
+    loads = [n * shape.layer_flops for n in per_rank]
     loads[output_rank] += shape.output_flops
-    params = [n * lp for n in per_rank]
+    params = [n * shape.layer_params for n in per_rank]
     params[0] += shape.embedding_params
     params[output_rank] += shape.output_params
-    return StageSplit(first_layers=per_rank[0], last_layers=per_rank[output_rank], max_layers=max(per_rank),
-                      max_flops=max(loads), first_params=params[0], last_params=params[output_rank],
-                      output_on_first=output_rank == 0, per_rank=tuple(per_rank), output_rank=output_rank,
-                      first_chunks=tuple(first_chunks))
-
-
-def _even_split(shape: ModelShape, pp: int, virtual_stages: int, folded: bool) -> StageSplit:
-    """tasks/train/pipeline.py's layer_split over pp·v stages; rank r runs stages r, r+pp, … ("loop") or
-    r and 2pp−1−r ("v", folded)."""
-    stages = pp * virtual_stages
-    base, extra = divmod(shape.cfg.n_layers, stages)
-    layers = [base + (1 if s < extra else 0) for s in range(stages)]
-    if folded:
-        return _stage_split(shape, [layers[r] + layers[stages - 1 - r] for r in range(pp)], output_rank=0,
-                            first_chunks=[layers[0], layers[-1]])
-    return _stage_split(shape, [sum(layers[r::pp]) for r in range(pp)], output_rank=pp - 1,
-                        first_chunks=layers[0::pp])
-
-
-def _balanced_split(shape: ModelShape, pp: int, virtual_stages: int) -> StageSplit:
-    """Llama 3's balancing (paper §3.3.2): the first virtual stage gives up one layer for the embedding and
-    the last one for the output projection and loss; the others share the layers evenly, remainder first.
-    With one layer per virtual stage, those two hold no layer at all (126 layers on 16 × 8 stages)."""
-    stages = pp * virtual_stages
-    base, extra = divmod(shape.cfg.n_layers + 2, stages)
-    layers = [base + (1 if s < extra else 0) for s in range(stages)]
-    layers[0] -= 1
-    layers[-1] -= 1
-    return _stage_split(shape, [sum(layers[r::pp]) for r in range(pp)], output_rank=pp - 1,
-                        first_chunks=layers[0::pp])
+    return StageSplit(chunks=tuple(chunks), params=tuple(params), output_rank=output_rank, max_flops=max(loads))
 
 
 @dataclass(frozen=True)
@@ -234,6 +253,8 @@ def trainer_gaps(layout: Layout) -> list[str]:
         gaps.append(f"{layout.pp_schedule} with {layout.virtual_stages} stages per rank")
     if layout.pp > 1 and layout.zero != 1:
         gaps.append(f"ZeRO-{layout.zero} under pipelining")
+    if layout.pp > 1 and layout.stage_split != "even":
+        gaps.append(f"the {layout.stage_split} stage split")
     return gaps
 
 
@@ -259,10 +280,10 @@ def check_shape(layout: Layout, shape: ModelShape, gpus_per_node: int, global_se
                          f"(sequence parallel)")
     if layout.pp > 1 and cfg.tie_embeddings:
         return Rejection("layout.tied_embeddings_with_pp", "tied embeddings cannot be split across pipeline stages")
-    if layout.pp * layout.virtual_stages > cfg.n_layers + (2 if layout.balanced_stages else 0):
+    if layout.pp * layout.virtual_stages > cfg.n_layers + (2 if layout.stage_split == "balanced" else 0):
         return Rejection("layout.pp_exceeds_layers",
                          f"{layout.pp * layout.virtual_stages} pipeline stages > {cfg.n_layers} layers")
-    if (trainer_only and not layout.balanced_stages
+    if (trainer_only and layout.stage_split != "balanced"
             and TRAINER_SCHEDULES.get(layout.pp_schedule) != layout.virtual_stages):
         return Rejection("layout.schedule_unsupported",
                          f"the trainer has no {layout.pp_schedule} schedule with {layout.virtual_stages} "
@@ -278,7 +299,7 @@ def check_shape(layout: Layout, shape: ModelShape, gpus_per_node: int, global_se
     return None
 
 
-LAYOUT_KEYS = ("tp", "pp", "dp", "dp_shard", "cp", "mb", "ac", "schedule", "vp", "zero", "precision", "balanced")
+LAYOUT_KEYS = ("tp", "pp", "dp", "dp_shard", "cp", "mb", "ac", "schedule", "vp", "zero", "precision", "split")
 SCHEDULE_ALIASES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "interleaved1f1b": "Interleaved1F1B",
                     "zbv": "ZBVZeroBubble", "zbvzerobubble": "ZBVZeroBubble"}
 
@@ -286,7 +307,8 @@ SCHEDULE_ALIASES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "interleav
 def parse_layout(text: str, gpus: int, precision: str = "bf16") -> Layout:
     """``tp=8,pp=4,dp=64,cp=1,mb=1,ac=selective,schedule=1F1B`` → Layout. Optional: ``vp`` (stages per rank;
     the schedule's own count by default), ``dp_shard`` (FSDP shard group; all of dp by default, so
-    ``dp_replicate = dp / dp_shard``), ``zero`` (1 under pipelining, else 3), ``precision``, ``balanced``.
+    ``dp_replicate = dp / dp_shard``), ``zero`` (1 under pipelining, else 3), ``precision``, ``split`` (even,
+    balanced or torchtitan).
     ``dp`` defaults to what the other degrees leave of ``gpus``."""
     fields: dict[str, str] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
@@ -327,9 +349,11 @@ def parse_layout(text: str, gpus: int, precision: str = "bf16") -> Layout:
     if zero > 3:
         raise ValueError(f"--layout zero={zero}: ZeRO stages are 0, 1, 2 and 3")
     precision = fields.get("precision", precision).lower()
+    split = fields.get("split", "even").lower()
+    if split not in STAGE_SPLITS:
+        raise ValueError(f"--layout split={split!r}: choose one of {', '.join(STAGE_SPLITS)}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     return Layout(tp=tp, pp=pp, dp_replicate=dp // shard, dp_shard=shard, zero=zero, micro_batch=mb,
                   activation_checkpoint=ac, pp_schedule=schedule if pp > 1 else "1F1B",
-                  virtual_stages=vp if pp > 1 else 1, balanced_stages=fields.get("balanced", "").lower()
-                  in ("1", "true", "yes"), cp=cp, precision=precision)
+                  virtual_stages=vp if pp > 1 else 1, stage_split=split, cp=cp, precision=precision)

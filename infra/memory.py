@@ -75,6 +75,9 @@ class MemoryAssumptions:
     saves: str = "torch"  # torch (smelt's trainer, llm-foundry) | torchtitan | megatron (Megatron/TE, Llama 3)
     fp8_weight_bytes: int = 1  # Transformer Engine: the FP8 copy of each weight saved for the backward
     fp8_params: bool = False  # FP8 runs keep the layers' weights in FP8 (Megatron's --fp8-param-gather)
+    # torch.distributed.pipelining's per-micro-batch receive buffers and kept outputs (``pipeline_buffer_bytes``);
+    # Megatron allocates its receive tensors per transfer
+    torch_pipelining: bool = True
 
 
 @dataclass(frozen=True)
@@ -175,21 +178,59 @@ def _stage_activations(shape: ModelShape, layout: Layout, layers: int, tokens: i
     return layers * kept * tokens + max(whole - kept, 0.0) * tokens
 
 
-def inflight_microbatches(layout: Layout, microbatches: int, chunks: tuple[int, ...] = ()) -> float:
-    """Micro-batches of the first rank's layers whose activations it holds at its peak. 1F1B: min(m, pp).
-    Interleaving: Megatron's warm-up runs 2(pp−1) + (v−1)·pp forwards before the first backward, in groups
-    of pp micro-batches per virtual stage, then one more; ``chunks`` (layers per virtual stage, in order)
-    weights each forward by its stage's layers. Uniform stages give pp·(1 + (pp−1)/(pp·v)) (Korthikanti
-    et al. 2022 §4.2.3). ZB-V keeps 1F1B's peak (Qi et al. 2024)."""
+def inflight_forwards(layout: Layout, microbatches: int) -> tuple[int, ...]:
+    """Forwards of each of rank 0's stages (in schedule order) whose backward has not run at its peak, as
+    torch's schedules run them (tests/infra/test_pipeline_inflight.py counts them). 1F1B: min(m, pp).
+    Interleaving: Megatron's (and torch's) warm-up runs 2(pp−1) + (v−1)·pp forwards before the first
+    backward, in groups of pp micro-batches per stage, then one more. ZB-V: 2pp − 1 of the first stage and
+    one of the last, the 1F1B peak of pp micro-batches of the rank's layers (Qi et al. 2024)."""
     if layout.pp == 1:
-        return 1.0
-    held = min(microbatches, layout.pp)
-    if layout.virtual_stages == 1 or layout.pp_schedule == "ZBVZeroBubble":
-        return held
+        return (1,)
+    if layout.pp_schedule == "ZBVZeroBubble":
+        return (min(microbatches, 2 * layout.pp - 1), 1)
+    if layout.virtual_stages == 1:
+        return (min(microbatches, layout.pp),)
     v, pp = layout.virtual_stages, layout.pp
-    chunks = chunks if len(chunks) == v and sum(chunks) else (1,) * v
     forwards = min(2 * (pp - 1) + (v - 1) * pp + 1, microbatches * v)
-    return sum(chunks[(k // pp) % v] for k in range(forwards)) / sum(chunks)
+    counts = [0] * v
+    for k in range(forwards):
+        counts[(k // pp) % v] += 1
+    return tuple(counts)
+
+
+def inflight_microbatches(layout: Layout, microbatches: int, chunks: tuple[int, ...] = ()) -> float:
+    """Micro-batches of a rank's layers whose activations the busiest rank holds at its peak: rank 0's
+    ``inflight_forwards`` weighted by the layers of each stage (``chunks``, in schedule order); uniform
+    interleaved stages give pp·(1 + (pp−1)/(pp·v)) (Korthikanti et al. 2022 §4.2.3). Under ZB-V every rank
+    reaches min(m, pp) once m ≥ 2pp − 1, and with fewer micro-batches rank pp − 1 still does while rank 0
+    holds fewer, so min(m, pp) is counted."""
+    if layout.pp_schedule == "ZBVZeroBubble" and layout.pp > 1:
+        return min(microbatches, layout.pp)
+    forwards = inflight_forwards(layout, microbatches)
+    chunks = chunks if len(chunks) == len(forwards) and sum(chunks) else (1,) * len(forwards)
+    return sum(f * c for f, c in zip(forwards, chunks)) / sum(chunks)
+
+
+def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, tokens: int) -> float:
+    """What torch.distributed.pipelining holds on rank 0 besides the layers' saved activations, in units of
+    the tensor passed between stages (a micro-batch's sequence-sharded bf16 hidden states): each stage
+    allocates a receive buffer per micro-batch for the gradient from the next stage and, unless it is the
+    first, for the activation from the previous one (``PipelineStage._prepare_forward_infra`` and
+    ``_prepare_backward_infra``; an activation in flight is its first layer's saved input, counted there),
+    and keeps each forward's output until its backward (``fwd_cache``)."""
+    if layout.pp == 1:
+        return 0.0
+    boundary = tokens * shape.cfg.dim * 2 / layout.tp
+    stages = layout.pp * layout.virtual_stages
+    ids = ((0, stages - 1) if layout.pp_schedule == "ZBVZeroBubble"
+           else tuple(c * layout.pp for c in range(layout.virtual_stages)))
+    count = 0
+    for stage, held in zip(ids, inflight_forwards(layout, microbatches)):
+        if stage != stages - 1:  # gradient receive buffers, and outputs kept until their backward
+            count += microbatches + held
+        if stage != 0:  # activation receive buffers not holding an input in flight
+            count += microbatches - held
+    return count * boundary
 
 
 def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: int,
@@ -215,6 +256,10 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     working = _stage_activations(shape, layout, 0, tokens, a.saves)  # held once, not per micro-batch in flight
     first_stage = (first - working) * inflight_microbatches(layout, microbatches, split.first_chunks) + working
     last_stage = _stage_activations(shape, layout, split.last_layers, tokens, a.saves)
+    if a.torch_pipelining and layout.pp > 1:
+        first_stage += pipeline_buffer_bytes(shape, layout, microbatches, tokens)
+        # the last stage (1F1B: one micro-batch in flight) holds the other micro-batches' receive buffers
+        last_stage += (microbatches - 1) * tokens * shape.cfg.dim * 2 / layout.tp
     per_logit = a.logits_bytes
     if layout.tp > 1 and a.loss_parallel_logits_bytes is not None:
         per_logit = a.loss_parallel_logits_bytes

@@ -43,8 +43,8 @@ from infra.layout import Layout, ModelShape
 # Fitted in infra/validation.py (FITTED; tests/infra/test_validation.py keeps these equal): torchao float8's
 # GEMM speed-up on H100 (the PyTorch path smelt's trainer would take) and attention's rate relative to the
 # GEMMs' (FlashAttention-2 at 16K; see attention_seconds).
-FP8_SPEEDUP = 1.7308
-ATTENTION_RATE = 0.4741
+FP8_SPEEDUP = 1.732
+ATTENTION_RATE = 0.4725
 
 # Attention kernels on an H100 SXM5, head dim 128, bf16, TFLOP/s by the sequence length of the call (512 … 16K):
 # forward with the causal mask, forward without, backward without (FlashAttention-3 paper, Shah et al. 2024,

@@ -66,6 +66,7 @@ class Stack:
     attention_kernel: str = "fa2"  # infra.timing.ATTENTION_KERNELS: fa2 (torch SDPA, flash-attn 2) | cudnn (TE)
     loss_bytes: float = 12.0  # HBM bytes the loss moves per logit, forward and backward
     tp_overlap_kind: str = "torch"  # infra.timing: te (Transformer Engine userbuffers) | torch (PyTorch async TP)
+    torch_pipelining: bool = True  # pipeline stages run by torch.distributed.pipelining (infra.memory)
 
     @property
     def constant(self) -> str:
@@ -81,25 +82,26 @@ class Stack:
 
 
 STACKS = {
-    "meta": Stack("meta", "Meta's Llama 3 stack", saves="megatron", tp_overlap=False),
+    "meta": Stack("meta", "Meta's Llama 3 stack", saves="megatron", tp_overlap=False, torch_pipelining=False),
     # Megatron-Core r0.8's unfused vocab-parallel cross entropy (tensor_parallel/cross_entropy.py; the fused one
     # is off by default, --cross-entropy-loss-fusion): fp32 copy of the logits, max, subtract, exp, sum and divide
     # in place (38 bytes per logit), in the backward the in-place scaling and the cast back to bf16 (14).
     "megatron": Stack("megatron", "Megatron-LM / NeMo (Megatron-Core + Transformer Engine)", saves="megatron",
-                      tp_overlap=True, attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te"),
+                      tp_overlap=True, attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te",
+                      torch_pipelining=False),
     # NeMo's performance scripts (scripts/performance/helpers.py, set_precision_configs) reduce gradients in
     # bf16 and, for FP8, gather FP8 parameters (recipes/precision/mixed_precision.py: fp8_param_gather).
     # NeMo as of its 24.07 performance table (4c73f77670) sets no cross_entropy_loss_fusion: Megatron-Core's
     # unfused loss, as above.
     "nemo": Stack("nemo", "NeMo / Megatron-Bridge performance recipes (Megatron-Core + Transformer Engine)",
                   saves="megatron", tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron",
-                  fp8="fp8_te", attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te"),
+                  fp8="fp8_te", attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te", torch_pipelining=False),
     # Megatron-Bridge 25.11: the same kernels, but its performance recipes fuse the loss
     # (scripts/performance/utils/helpers.py, set_common_perf_overrides: cross_entropy_fusion_impl = "te"): two
     # reads of the bf16 logits, the gradient written in place, its in-place scaling in the backward (10 bytes).
     "bridge": Stack("bridge", "Megatron-Bridge 25.11 performance recipes", saves="megatron", tp_overlap=True,
                     grad_bytes=2, fp8_params=True, efficiency="megatron", fp8="fp8_te", attention_kernel="cudnn",
-                    loss_bytes=10, system="nemo", tp_overlap_kind="te"),
+                    loss_bytes=10, system="nemo", tp_overlap_kind="te", torch_pipelining=False),
     # The benchmark tables (October 2023, January 2024) ran Composer's eager FSDP (FullyShardedDataParallel);
     # FP8 rows swap the linear layers for Transformer Engine's (scripts/train/benchmarking/submit_benchmarks.py:
     # fc_type 'te', TransformerEngine v0.10), so they share NeMo's FP8 speed-up; attention is flash-attn/Triton.
@@ -186,11 +188,11 @@ RUNS: list[Run] = [
     # reshard parameters after the forward (ZeRO-2); one layer fewer on the first and the last stage, whose
     # outer virtual stages hold only the embedding and the output: 126 layers on 16 × 8 virtual stages.
     Run("llama3-405b-8k", "meta", LLAMA3 + ", row 1", "Llama 3 405B", PRESETS["405b"], "h100", 8192, 8192, 2048,
-        "tp=8,pp=16,dp=64,mb=1,vp=8,zero=2,balanced=1,ac=none", "bf16", 430, "TFLOP/s/GPU", fits="meta"),
+        "tp=8,pp=16,dp=64,mb=1,vp=8,zero=2,split=balanced,ac=none", "bf16", 430, "TFLOP/s/GPU", fits="meta"),
     Run("llama3-405b-16k", "meta", LLAMA3 + ", row 2", "Llama 3 405B", PRESETS["405b"], "h100", 16384, 8192, 2048,
-        "tp=8,pp=16,dp=128,mb=1,vp=8,zero=2,balanced=1,ac=none", "bf16", 400, "TFLOP/s/GPU"),
+        "tp=8,pp=16,dp=128,mb=1,vp=8,zero=2,split=balanced,ac=none", "bf16", 400, "TFLOP/s/GPU"),
     Run("llama3-405b-16k-cp16", "meta", LLAMA3 + ", row 3", "Llama 3 405B", PRESETS["405b"], "h100", 16384, 131072,
-        128, "tp=8,cp=16,pp=16,dp=8,mb=1,vp=8,zero=2,balanced=1,ac=none", "bf16", 380, "TFLOP/s/GPU",
+        128, "tp=8,cp=16,pp=16,dp=8,mb=1,vp=8,zero=2,split=balanced,ac=none", "bf16", 380, "TFLOP/s/GPU",
         fits="attention"),
     # Megatron-LM weak scaling on H100: GPT models, vocabulary 131,072, sequence 4,096, DP 48.
     *[Run(f"megatron-{size}", "megatron", MEGATRON, f"GPT {size}", _gpt(h, n, a, 131072), "h100", gpus, 4096, batch,
@@ -223,7 +225,7 @@ RUNS: list[Run] = [
     Run("bridge-llama3-70b-64", "bridge", BRIDGE_2511, "Llama 3 70B", PRESETS["70b"], "h100", 64, 8192, 128,
         "tp=4,pp=8,vp=5,mb=1", "fp8", 1602, "tokens/s/GPU", search=("ac",)),
     Run("bridge-llama31-405b-1024", "bridge", BRIDGE_2511, "Llama 3.1 405B", PRESETS["405b"], "h100", 1024, 8192,
-        512, "tp=8,pp=8,cp=2,vp=8,mb=1,balanced=1", "fp8", 292, "tokens/s/GPU", search=("ac",)),
+        512, "tp=8,pp=8,cp=2,vp=8,mb=1,split=balanced", "fp8", 292, "tokens/s/GPU", search=("ac",)),
     # LLM Foundry (MPT), PyTorch FSDP: FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2; "Activation Checkpointing"
     # True = full recomputation.
     *[Run(f"foundry-mpt-{size}-{gpu_name}-{gpus}-{seq}", "llm-foundry", FOUNDRY + table, f"MPT {size}", MPT[size],
@@ -277,18 +279,21 @@ RUNS: list[Run] = [
         "h100-96gb-500w", 256, 8192, 512, "tp=8,mb=16,ac=full", "fp8", 876, "tokens/s/GPU", memory_gib=67.6,
         tp_overlap=True),
     # Table 5: local batch 32 cut into pp = 8 micro-batches of 4 (torchtitan's default micro-batch count is the
-    # pipeline degree); the interleaved schedule with 2 stages per rank (its default for looped schedules).
+    # pipeline degree); the interleaved schedule with 2 stages per rank (its default for looped schedules);
+    # layers split by torchtitan's generate_split_points (pipelining_utils.py at 9dec370).
     Run("titan-405b-512-1f1b", "torchtitan", TITAN + "5 (3D, 1F1B)", "Llama 3.1 405B", PRESETS["405b"],
-        "h100-96gb-500w", 512, 8192, 256, "tp=8,pp=8,mb=4,ac=full,schedule=1F1B", "fp8", 100, "tokens/s/GPU",
-        memory_gib=82.5, tp_overlap=True),
+        "h100-96gb-500w", 512, 8192, 256, "tp=8,pp=8,mb=4,ac=full,schedule=1F1B,split=torchtitan", "fp8", 100,
+        "tokens/s/GPU", memory_gib=82.5, tp_overlap=True),
     Run("titan-405b-512-interleaved", "torchtitan", TITAN + "5 (3D, Interleaved 1F1B)", "Llama 3.1 405B",
-        PRESETS["405b"], "h100-96gb-500w", 512, 8192, 256, "tp=8,pp=8,mb=4,ac=full,schedule=Interleaved1F1B,vp=2",
-        "fp8", 128, "tokens/s/GPU", memory_gib=72.7, tp_overlap=True),
+        PRESETS["405b"], "h100-96gb-500w", 512, 8192, 256,
+        "tp=8,pp=8,mb=4,ac=full,schedule=Interleaved1F1B,vp=2,split=torchtitan", "fp8", 128, "tokens/s/GPU",
+        memory_gib=72.7, tp_overlap=True),
     # Table 6: the 405B 3D layout of Table 5 (1F1B, AsyncTP) with context parallel folded out of FSDP; local batch 8
     # in pp = 8 micro-batches of one sequence, so every rank holds 32,768 tokens of a micro-batch at every cp.
     *[Run(f"titan-405b-512-cp{cp}", "torchtitan", TITAN + "6 (4D, FSDP + TP + PP + CP)", "Llama 3.1 405B",
-          PRESETS["405b"], "h100-96gb-500w", 512, seq, 8 * (8 // cp), f"tp=8,pp=8,cp={cp},mb=1,ac=full,schedule=1F1B",
-          "fp8", tps, "tokens/s/GPU", memory_gib=mem, tp_overlap=True)
+          PRESETS["405b"], "h100-96gb-500w", 512, seq, 8 * (8 // cp),
+          f"tp=8,pp=8,cp={cp},mb=1,ac=full,schedule=1F1B,split=torchtitan", "fp8", tps, "tokens/s/GPU",
+          memory_gib=mem, tp_overlap=True)
       for cp, seq, tps, mem in ((1, 32768, 76, 75.3), (2, 65536, 47, 75.9), (4, 131072, 31, 77.1),
                                 (8, 262144, 16, 84.9))],
     Run("titan-h200-8b-32", "torchtitan-2506", TRAINY, "Llama 3.1 8B", PRESETS["8b"], "h200", 32, 8192, 64,
@@ -301,8 +306,8 @@ RUNS: list[Run] = [
 # Solved by ``fit()`` on the rows marked ``fits`` (tests/infra/test_validation.py re-fits them).
 FIT_ORDER = ("meta", "attention", "megatron", "fp8_te", "llm-foundry", "fsdp1_layer_ms", "a100",
              "torchtitan", "h100-96gb-500w", "fp8_torchtitan")
-FITTED = {"meta": 0.5677, "attention": 0.4741, "megatron": 0.5134, "fp8_te": 2.1343, "llm-foundry": 0.6233,
-          "fsdp1_layer_ms": 2.1054, "a100": 1.2107, "torchtitan": 0.5499, "h100-96gb-500w": 0.8248, "fp8_torchtitan": 1.7308}
+FITTED = {"meta": 0.569, "attention": 0.4725, "megatron": 0.5135, "fp8_te": 2.1349, "llm-foundry": 0.6236,
+          "fsdp1_layer_ms": 2.1062, "a100": 1.2107, "torchtitan": 0.5505, "h100-96gb-500w": 0.8247, "fp8_torchtitan": 1.732}
 
 
 @dataclass(frozen=True)
@@ -360,7 +365,7 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes,
                                loss_parallel_logits_bytes=stack.loss_parallel_logits_bytes, grad_bytes=stack.grad_bytes,
-                               fp8_params=stack.fp8_params, headroom=0.0)
+                               fp8_params=stack.fp8_params, torch_pipelining=stack.torch_pipelining, headroom=0.0)
     best: Scored | None = None
     for layout in _layouts(run, shape):
         if check_shape(layout, shape, device.gpus_per_node, run.global_batch, trainer_only=False):

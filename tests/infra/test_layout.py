@@ -1,5 +1,7 @@
 """Layout rules that need neither memory nor timing: node size, divisibility, the trainer's schedules."""
 
+import pytest
+
 from infra.layout import Layout, ModelShape, check_shape
 from tasks.model_config import PRESETS
 
@@ -38,7 +40,7 @@ def test_each_rule_names_its_reason():
 
 def test_llama3_style_balanced_layouts_may_use_deeper_interleaving():
     meta = Layout(tp=8, pp=16, dp_replicate=1, dp_shard=64, zero=1, micro_batch=1, pp_schedule="Interleaved1F1B",
-                  virtual_stages=7, balanced_stages=True)
+                  virtual_stages=7, stage_split="balanced")
     assert check_shape(meta, ModelShape(PRESETS["405b"], 8192), 8, 2048) is None
     assert meta.name.endswith("·balanced")
 
@@ -64,10 +66,20 @@ def test_a_given_layout_parses_with_dp_from_the_gpu_count():
 
 def test_what_the_trainer_cannot_run_is_named_and_other_systems_rules_are_relaxed():
     from infra.layout import parse_layout, trainer_gaps
-    meta = parse_layout("tp=8,pp=16,vp=8,balanced=1,zero=2", 8192)
+    meta = parse_layout("tp=8,pp=16,vp=8,split=balanced,zero=2", 8192)
     shape = ModelShape(PRESETS["405b"], 8192)
-    assert trainer_gaps(meta) == ["Interleaved1F1B with 8 stages per rank", "ZeRO-2 under pipelining"]
+    assert trainer_gaps(meta) == ["Interleaved1F1B with 8 stages per rank", "ZeRO-2 under pipelining",
+                                  "the balanced stage split"]
     assert check_shape(meta, shape, 8, 2048, trainer_only=False) is None  # 126 layers in 16 × 8 stages, 2 empty
     assert meta.split(shape).first_chunks == (0, 1, 1, 1, 1, 1, 1, 1)
     cp = parse_layout("tp=8,cp=3", 24)
     assert check_shape(cp, SHAPE, 8, 1, trainer_only=False).reason == "layout.cp_indivisible"
+
+
+def test_the_stage_split_is_a_layout_key():
+    from infra.layout import parse_layout
+    titan = parse_layout("tp=8,pp=8,split=torchtitan", 512)
+    assert titan.stage_split == "torchtitan" and titan.name.endswith("·torchtitan")
+    assert parse_layout("tp=8,pp=8", 512).stage_split == "even"
+    with pytest.raises(ValueError, match="split='halves': choose one of even, balanced, torchtitan"):
+        parse_layout("tp=8,pp=8,split=halves", 512)

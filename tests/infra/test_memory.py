@@ -1,5 +1,7 @@
 """Per-rank memory: ZeRO model states as in the ZeRO paper, activations and buffers by hand."""
 
+import dataclasses
+
 import pytest
 
 from infra.catalogue import gpu
@@ -114,7 +116,7 @@ def test_interleaving_counts_the_layers_of_each_virtual_stage_in_flight():
     # Llama 3: 16 ranks × 8 virtual stages; rank 0's first holds only the embedding, so the 2·15 + 7·16 + 1 = 143
     # forwards before its first backward hold 7 layers × 16 micro-batches
     meta = Layout(tp=8, pp=16, dp_replicate=1, dp_shard=64, zero=2, micro_batch=1, pp_schedule="Interleaved1F1B",
-                  virtual_stages=8, balanced_stages=True)
+                  virtual_stages=8, stage_split="balanced")
     assert inflight_microbatches(meta, 32, (0, 1, 1, 1, 1, 1, 1, 1)) == 16
     assert inflight_microbatches(meta, 32) == pytest.approx(16 * (1 + 15 / 128))  # uniform stages
 
@@ -125,3 +127,19 @@ def test_a_gelu_mlp_keeps_its_two_outputs_instead_of_swiglus_four():
     f = cfg.ffn_hidden
     assert layer_activation_bytes(swiglu, 1, "none") - layer_activation_bytes(gelu, 1, "none") == 2 * f
     assert layer_activation_bytes(swiglu, 1, "selective") - layer_activation_bytes(gelu, 1, "selective") == f
+
+
+def test_torch_pipelining_buffers_count_on_rank_0_and_megatron_stacks_have_none():
+    # 1F1B, 8 micro-batches on 4 ranks: rank 0 receives a gradient buffer per micro-batch and keeps the outputs
+    # of the 4 forwards in flight, each a micro-batch's sequence-sharded bf16 hidden states
+    from infra.memory import pipeline_buffer_bytes
+    shape, h100 = ModelShape(PRESETS["8b"], 8192), gpu("h100")
+    layout = Layout(tp=2, pp=4, dp_replicate=1, dp_shard=2, zero=1, micro_batch=1, activation_checkpoint="full")
+    boundary = 8192 * 4096 * 2 / 2
+    assert pipeline_buffer_bytes(shape, layout, 8, 8192) == (8 + 4) * boundary
+    torch_run = memory_per_rank(shape, layout, h100, 8)
+    megatron = memory_per_rank(shape, layout, h100, 8, MemoryAssumptions(torch_pipelining=False))
+    # here the output rank, with its 3 GB of logits, is the busiest: it holds the activation receive buffers of
+    # the 7 micro-batches not in flight
+    assert torch_run.logits > 0 and torch_run.activations - megatron.activations == pytest.approx(7 * boundary)
+    assert pipeline_buffer_bytes(shape, dataclasses.replace(layout, pp=1), 8, 8192) == 0

@@ -38,7 +38,7 @@ def test_zbv_folds_the_first_and_last_stage_onto_rank_0():
 
 
 def test_balanced_split_takes_one_layer_off_the_first_and_the_last_stage():
-    split = split_stages(ModelShape(PRESETS["405b"], 8192), 16, balanced=True)
+    split = split_stages(ModelShape(PRESETS["405b"], 8192), 16, style="balanced")
     assert (split.first_layers, split.last_layers) == (7, 7)  # as Llama 3 did (§3.3.2): 7 + 14 × 8 + 7
     assert sum(split.per_rank) == 126
 
@@ -182,3 +182,18 @@ def test_bad_efficiency_is_rejected():
         TimingAssumptions(compute=1.5)
     with pytest.raises(ValueError, match="overlap dp_overlap"):
         TimingAssumptions(dp_overlap=-0.1)
+
+
+def test_torchtitan_split_gives_the_middle_stages_the_remainder():
+    # torchtitan's generate_split_points (December 2024): the first stage the base count, the middle stages
+    # one more while the remainder lasts, the last stage what is left
+    from infra.layout import stage_layers
+    assert stage_layers(126, 8, "torchtitan") == [15, 16, 16, 16, 16, 16, 16, 15]
+    assert stage_layers(126, 16, "torchtitan") == [7] + [8] * 14 + [7]
+    assert stage_layers(126, 8) == [16] * 6 + [15] * 2  # smelt's: the remainder first
+    assert stage_layers(10, 1, "torchtitan") == [10] and stage_layers(10, 2, "torchtitan") == [5, 5]
+    split = split_stages(ModelShape(PRESETS["405b"], 8192), 8, style="torchtitan")
+    assert (split.first_layers, split.last_layers, split.max_layers) == (15, 15, 16)
+    assert split.max_params == 16 * split.params[1] // 16 == split.params[1]  # a middle rank holds the most
+    with pytest.raises(ValueError, match="even, balanced, torchtitan"):
+        split_stages(ModelShape(PRESETS["405b"], 8192), 8, style="uneven")

@@ -15,7 +15,9 @@ BY_KEY = {r.run.key: r for r in ROWS}
 
 # The bound this table holds today. Lower these when a change improves it; a change that breaks them made the
 # planner worse on runs it was not fitted to.
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.049, 0.20, 0.050, 0.165
+# (Memory rose from 0.050 / 0.165 when the torchtitan 405B rows took torchtitan's own layer split, which puts
+# one layer fewer on their first stage than smelt's: an input corrected, see infra/README.md.)
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.049, 0.20, 0.052, 0.175
 MEMORY_WITHIN_10 = 16  # rows whose peak memory is within 10% of the published figure
 
 
