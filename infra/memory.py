@@ -21,7 +21,10 @@ Llama block with TP degree t and sequence parallel (tasks/train/parallelize.py):
   (with TP this keeps more than no recomputation: the row-parallel matmul outputs are not sharded)
 - full: each layer's sequence-sharded input, 2h/t.
 A recomputing layer also holds its recomputed tensors while its backward runs (counted once).
-The counting follows Korthikanti et al. 2022 (GPT blocks), adapted to SwiGLU, GQA and torch's saves.
+The counting follows Korthikanti et al. 2022 (GPT blocks), adapted to SwiGLU, GQA and torch's saves; for
+no recomputation it is what autograd saves in a block of smelt's model, with and without TP
+(tests/infra/test_activation_memory.py), leaving out the fp32 scale per row of each norm and attention's
+fp32 log-sum-exp per head.
 
 ``saves="megatron"`` counts what Megatron-LM / Transformer Engine keep instead (also used for Meta's
 Llama 3 runs, whose layout is Megatron-style): sequence-parallel layers save their *sharded* input and

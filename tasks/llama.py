@@ -43,9 +43,33 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32: bf16 sums of squares over D lose too much precision.
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        return _RMSNorm.apply(x, self.weight, self.eps)
+
+
+def _norm_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """``(x / rms(x)).type_as(x) * weight``, normalised in fp32 (bf16 sums of squares over D lose too much
+    precision). Autograd would keep two fp32 copies of x and the bf16 normalised x for the backward (10
+    bytes per element of a bf16 x); this keeps x as it came and one fp32 scale per row, and recomputes."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.to(_norm_dtype(x))
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd).type_as(x) * weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.to(rstd.dtype) * rstd
+        grad_weight = (grad * normed.type_as(x)).sum(dim=tuple(range(grad.ndim - 1)))
+        g = (grad * weight).to(rstd.dtype)
+        grad_x = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
+        return grad_x.type_as(x), grad_weight, None
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> torch.Tensor:

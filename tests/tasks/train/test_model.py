@@ -153,3 +153,48 @@ def test_canonical_name_removes_wrapper_prefixes():
 def test_missing_vocab_size_is_a_clear_error():
     with pytest.raises(ValueError, match="vocab_size must be set"):
         Transformer(preset("tiny"))
+
+
+def _plain_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The norm as autograd would run it, for reference."""
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return normed.type_as(x) * weight
+
+
+def test_rms_norm_gradients_are_exact_in_float64():
+    from tasks.llama import _RMSNorm
+    x = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: _RMSNorm.apply(a, b, 1e-5), (x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matches_autograd_of_the_plain_expression(dtype):
+    from tasks.llama import RMSNorm
+    torch.manual_seed(0)
+    norm = RMSNorm(64, 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(3, 7, 64, dtype=dtype, requires_grad=True)
+    grad = torch.randn(3, 7, 64, dtype=dtype)
+    out = norm(x)
+    ref_x = x.detach().clone().requires_grad_(True)
+    ref_w = norm.weight.detach().clone().requires_grad_(True)
+    ref = _plain_rms_norm(ref_x, ref_w, 1e-5)
+    assert torch.equal(out, ref)  # the forward is the same arithmetic
+    out.backward(grad)
+    ref.backward(grad)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(x.grad, ref_x.grad, **tol)
+    torch.testing.assert_close(norm.weight.grad, ref_w.grad, **tol)
+
+
+def test_rms_norm_keeps_its_input_and_one_scale_per_row_not_fp32_copies():
+    from tasks.llama import RMSNorm
+    norm = RMSNorm(64, 1e-5).to(torch.bfloat16)
+    x = torch.randn(4, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        norm(x)
+    assert sorted((str(t.dtype), tuple(t.shape)) for t in saved) == [
+        ("torch.bfloat16", (4, 8, 64)), ("torch.bfloat16", (64,)), ("torch.float32", (4, 8, 1))]
