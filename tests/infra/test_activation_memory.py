@@ -1,12 +1,14 @@
-"""The planner's activation bytes per layer and token against what autograd keeps for the backward in one
-block of smelt's own model: bf16, no recomputation, without and with tensor parallelism (two gloo ranks,
-the trainer's TP plan with sequence parallel)."""
+"""The planner's activation bytes per layer and token against what one block of smelt's own model keeps for
+its backward: bf16, each recomputation mode as the trainer applies it, without and with tensor parallelism
+(two gloo ranks, the trainer's TP plan with sequence parallel)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 
+import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -15,60 +17,94 @@ from infra.layout import ModelShape
 from infra.memory import layer_activation_bytes
 from tasks.llama import Transformer
 from tasks.model_config import preset
-from tasks.train.parallelize import apply_tp
+from tasks.train.parallelize import apply_ac, apply_tp
 from tests.tasks.train.ranks import run_ranks
 
 CFG = preset("tiny", vocab_size=64, n_layers=2)  # h = 64, kv = 32, f = 192, 4 heads
 TOKENS = 256
+MODES = ("none", "selective", "full")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def saved_bytes(tp_mesh=None) -> int:
-    """Bytes of the tensors autograd saves in one block's forward on this rank (weights and buffers
-    excluded, each storage once)."""
+def _live_storages() -> dict[int, int]:
+    sizes = {}
+    for obj in gc.get_objects():
+        kind = type(obj)  # not isinstance: it reads __class__, which deprecated module proxies warn on
+        if issubclass(kind, torch.Tensor) and not issubclass(kind, DTensor) and not obj.is_meta:
+            storage = obj.untyped_storage()
+            sizes[storage.data_ptr()] = storage.nbytes()
+    return sizes
+
+
+def kept_bytes(mode: str, tp_mesh=None) -> int:
+    """Bytes one block's forward leaves for its backward on this rank, each storage once, weights and
+    buffers excluded. Without recomputation: the tensors autograd's saved-tensor hooks receive. With it,
+    the checkpoint keeps its inputs (the block's input) and the selective policy's outputs as Python
+    tensors: those that appeared during the forward, and the input."""
     torch.manual_seed(0)
     model = Transformer(CFG).to(torch.bfloat16)
     if tp_mesh is not None:
         apply_tp(model, tp_mesh, loss_parallel=True)
+    if mode != "none":
+        apply_ac(model, mode)
     tp = tp_mesh.size() if tp_mesh is not None else 1
     x = torch.randn(1, TOKENS // tp, CFG.dim, dtype=torch.bfloat16, requires_grad=True)  # sequence-sharded
-    skip = {_local(t).untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    saved = {}
+    block, rope = model.layers["0"], model.rope[:TOKENS]
+    if mode == "none":
+        skip = {_local(t).untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        saved = {}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = _local(t).untyped_storage()
-        if storage.data_ptr() not in skip:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = _local(t).untyped_storage()
+            if storage.data_ptr() not in skip:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.layers["0"](x, model.rope[:TOKENS])
-    return sum(saved.values())
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block(x, rope)
+        return sum(saved.values())
+    gc.collect()
+    before = _live_storages()
+    out = _local(block(x, rope))
+    gc.collect()
+    new = {ptr: n for ptr, n in _live_storages().items() if ptr not in before}
+    new.pop(out.untyped_storage().data_ptr(), None)
+    return sum(new.values()) + x.untyped_storage().nbytes()
 
 
-def not_counted(tp: int) -> float:
-    """Bytes per token the planner leaves out: each norm's fp32 scale per row of the rank's sequence shard,
-    and attention's fp32 log-sum-exp per query head on the rank."""
-    return 2 * 4 / tp + 4 * CFG.n_heads / tp
+def not_counted(mode: str, tp: int) -> float:
+    """Bytes per token the planner leaves out: attention's fp32 log-sum-exp per query head on the rank, and
+    without recomputation each norm's fp32 scale per row of the rank's sequence shard."""
+    return {"none": 4 * CFG.n_heads / tp + 2 * 4 / tp, "selective": 4 * CFG.n_heads / tp, "full": 0.0}[mode]
 
 
-def test_one_rank_keeps_what_the_planner_counts():
-    planned = layer_activation_bytes(ModelShape(CFG, TOKENS), 1, "none")  # 12h + 4kv + 8f
-    assert saved_bytes() / TOKENS == planned + not_counted(1)
+@pytest.mark.parametrize("mode", MODES)
+def test_one_rank_keeps_what_the_planner_counts(mode):
+    planned = layer_activation_bytes(ModelShape(CFG, TOKENS), 1, mode)
+    assert kept_bytes(mode) / TOKENS == planned + not_counted(mode, 1)
 
 
 def _tp_worker(rank: int, out_dir: str) -> None:
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(saved_bytes(mesh["tp"]), f)
+        json.dump({mode: kept_bytes(mode, mesh["tp"]) for mode in MODES}, f)
 
 
-def test_tensor_parallel_ranks_keep_what_the_planner_counts(tmp_path):
-    # 4h whole (the all-gathered inputs of the q/k/v and w1/w3 matmuls) + (8h + 4kv + 8f)/tp
-    run_ranks(2, _tp_worker, str(tmp_path))
-    planned = layer_activation_bytes(ModelShape(CFG, TOKENS), 2, "none")
-    for rank in range(2):
-        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) / TOKENS == planned + not_counted(2)
+@pytest.fixture(scope="module")
+def tensor_parallel(tmp_path_factory) -> list[dict[str, int]]:
+    out = tmp_path_factory.mktemp("tp")
+    run_ranks(2, _tp_worker, str(out))
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tensor_parallel_ranks_keep_what_the_planner_counts(tensor_parallel, mode):
+    # none: 4h whole (the all-gathered inputs of the q/k/v and w1/w3 matmuls) + (8h + 4kv + 8f)/tp;
+    # selective also keeps the collectives' outputs and the row-parallel matmul outputs before their
+    # reduce-scatter, whole
+    planned = layer_activation_bytes(ModelShape(CFG, TOKENS), 2, mode)
+    for rank in tensor_parallel:
+        assert rank[mode] / TOKENS == planned + not_counted(mode, 2)
