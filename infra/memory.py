@@ -4,7 +4,8 @@ Model states follow the ZeRO paper (Rajbhandari et al. 2020, §3): mixed-precisi
 parameters, 2Ψ gradients and KΨ = 12Ψ optimizer states (fp32 master, momentum, variance); stage 1 shards
 the optimizer states, stage 2 also the gradients, stage 3 also the parameters, over N data-parallel ranks.
 The trainer reduces gradients in fp32, so its unsharded gradient buffers cost 4 bytes per parameter
-(``grad_bytes``); the paper's 2 reproduces its 7.5B example.
+(``grad_bytes``); the paper's 2 reproduces its 7.5B example. Under a pipeline FSDP2 holds exactly the
+ZeRO-1 states while gradients accumulate (tests/infra/test_trainer_memory.py).
 
 Activations per layer and token, in bytes (bf16, no dropout, flash attention keeps no score matrix),
 Llama block with TP degree t and sequence parallel (tasks/train/parallelize.py):
@@ -23,7 +24,7 @@ Llama block with TP degree t and sequence parallel (tasks/train/parallelize.py):
 A recomputing layer also holds its recomputed tensors while its backward runs (counted once).
 The counting follows Korthikanti et al. 2022 (GPT blocks), adapted to SwiGLU, GQA and torch's saves; for
 no recomputation it is what autograd saves in a block of smelt's model, with and without TP
-(tests/infra/test_activation_memory.py), leaving out the fp32 scale per row of each norm and attention's
+(tests/infra/test_trainer_memory.py), leaving out the fp32 scale per row of each norm and attention's
 fp32 log-sum-exp per head.
 
 ``saves="megatron"`` counts what Megatron-LM / Transformer Engine keep instead (also used for Meta's

@@ -1,6 +1,7 @@
-"""The planner's activation bytes per layer and token against what one block of smelt's own model keeps for
-its backward: bf16, each recomputation mode as the trainer applies it, without and with tensor parallelism
-(two gloo ranks, the trainer's TP plan with sequence parallel)."""
+"""The planner's memory model against what smelt's own trainer holds: the activation bytes per layer and
+token one block keeps for its backward (bf16, each recomputation mode as the trainer applies it, without
+and with tensor parallelism: two gloo ranks, the trainer's TP plan with sequence parallel), and the model
+states FSDP2 and AdamW hold while a pipeline accumulates gradients."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from infra.layout import ModelShape
-from infra.memory import layer_activation_bytes
+from infra.memory import layer_activation_bytes, model_state_bytes
 from tasks.llama import Transformer
 from tasks.model_config import preset
-from tasks.train.parallelize import apply_ac, apply_tp
+from tasks.train.parallelize import apply_ac, apply_fsdp, apply_tp
 from tests.tasks.train.ranks import run_ranks
 
 CFG = preset("tiny", vocab_size=64, n_layers=2)  # h = 64, kv = 32, f = 192, 4 heads
@@ -108,3 +109,44 @@ def test_tensor_parallel_ranks_keep_what_the_planner_counts(tensor_parallel, mod
     planned = layer_activation_bytes(ModelShape(CFG, TOKENS), 2, mode)
     for rank in tensor_parallel:
         assert rank[mode] / TOKENS == planned + not_counted(mode, 2)
+
+
+def _fsdp_worker(rank: int, out_dir: str) -> None:
+    """Two FSDP ranks, bf16 parameters and fp32 gradient reduction as the trainer shards them, AdamW's states
+    made by one step; then a micro-batch's backward as torch's pipeline schedules run all but the last:
+    no reduce-scatter, parameters kept unsharded. What is alive then is the model states."""
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard",))
+    gc.collect()
+    before = _live_storages()
+    torch.manual_seed(0)
+    model = Transformer(CFG)
+    apply_fsdp(model, mesh, param_dtype=torch.bfloat16, reshard_after_forward=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    tokens = torch.randint(0, CFG.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+
+    def backward() -> None:
+        logits = model(tokens)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten()).backward()
+
+    backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.set_requires_gradient_sync(False)
+    model.set_reshard_after_backward(False)
+    backward()
+    gc.collect()
+    others = {t.untyped_storage().data_ptr() for t in (tokens, *model.buffers())}
+    held = sum(n for ptr, n in _live_storages().items() if ptr not in before and ptr not in others)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"held": held, "params": sum(p.numel() for p in model.parameters()),
+                   "tensors": len(list(model.parameters()))}, f)
+
+
+def test_fsdp_under_a_pipeline_holds_the_zero_1_states_the_planner_counts(tmp_path):
+    # unsharded bf16 parameters (2 bytes) and fp32 gradient accumulators (4), sharded fp32 master and Adam
+    # moments (12 / 2 ranks); the planner leaves out Adam's step count, an fp32 scalar per parameter tensor
+    run_ranks(2, _fsdp_worker, str(tmp_path))
+    for rank in range(2):
+        measured = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        planned = sum(model_state_bytes(measured["params"], zero=1, shards=2))
+        assert measured["held"] == planned + 4 * measured["tensors"]
