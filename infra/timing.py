@@ -1,8 +1,9 @@
 """Step time and MFU of a layout: compute at an achievable fraction of peak plus exposed communication.
 
 One step = (m + (p-1)/v) micro-batch slots on the slowest pipeline stage (the last term is the 1F1B /
-interleaved bubble, (p-1)/(m·v+p-1) of the step; ZB-V fills most of it with weight-gradient work) + the
-data-parallel traffic that compute cannot hide.
+interleaved bubble, (p-1)/(m·v+p-1) of the step; ZB-V's is simulated from torch's order, in which
+weight-gradient work fills part of it, ``infra.pipeline_order``) + the data-parallel traffic that compute
+cannot hide.
 Per micro-batch slot: forward+backward FLOPs of the stage (GEMMs at ``compute`` × peak, attention's kernels
 at ``attention`` × that rate, scaled by their measured speed, see ``attention_seconds``; + one more forward
 under full recomputation, attention's included; selective recomputation reruns
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 
 from infra.catalogue import GPU
 from infra.layout import Layout, ModelShape
+from infra.pipeline_order import zbv_bubble
 
 
 # Fitted in infra/validation.py (FITTED; tests/infra/test_validation.py keeps these equal): torchao float8's
@@ -155,19 +157,23 @@ def _selective_recompute_bytes(shape: ModelShape, tp: int) -> float:
     return (18 * h + 4 * kv + 10 * f) / tp
 
 
-def _bubble_share(shape: ModelShape, layout: Layout) -> float:
-    """Share of a stage's slot left idle per bubble slot: all of it for 1F1B and interleaving; for ZB-V
-    (Qi et al. 2024, "Zero Bubble Pipeline Parallelism") weight-gradient work W fills the bubble, leaving
-    (T_F + T_B − 2·T_W) / (T_F + T_B + T_W). Attention's backward is all input-gradient work; full
-    recomputation adds a forward to T_B."""
+def _bubble(shape: ModelShape, layout: Layout, microbatches: int, slot: float) -> float:
+    """Seconds a step's pipeline leaves idle. 1F1B and interleaving: (pp − 1)/v slots. ZB-V: its order as
+    torch runs it (``infra.pipeline_order``), simulated with a stage's forward F, input-gradient B and
+    weight-gradient W in proportion to their FLOPs: attention's backward is all input-gradient work, and
+    full recomputation adds a forward to B. The zero-bubble paper's (pp − 1)(F + B − 2W) is less than torch's
+    order leaves (about (pp − 1)·B)."""
+    if layout.pp == 1:
+        return 0.0
     if layout.pp_schedule != "ZBVZeroBubble":
-        return 1.0
+        return (layout.pp - 1) / layout.virtual_stages * slot
     c = shape.cfg
     linear, attention = 6 * shape.layer_params, 12 * c.n_heads * c.head_dim * shape.seq_len
     f, b, w = (linear + attention) / 3, linear / 3 + 2 * attention / 3, linear / 3
     if layout.activation_checkpoint == "full":
         b += f
-    return max(f + b - 2 * w, 0.0) / (f + b + w)
+    chunk = f + b + w  # a micro-batch's slot is both chunks' F + B + W
+    return zbv_bubble(layout.pp, microbatches, f / chunk, b / chunk, w / chunk) * slot / 2
 
 
 def _group_bandwidth(gpu: GPU, inner: int, size: int, nvlink: float, nic: float) -> float:
@@ -311,6 +317,6 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
                   + _hidden(scatter, bwd_window, layers, a.dp_overlap))
 
     return StepTime(compute=m * compute, recompute=m * recompute, tp_comm=m * tp, pp_comm=m * pp, cp_comm=m * cp,
-                    bubble=(layout.pp - 1) / layout.virtual_stages * slot * _bubble_share(shape, layout), dp_comm=dp,
+                    bubble=_bubble(shape, layout, m, slot), dp_comm=dp,
                     tokens_per_step=global_seqs * s, model_flops_per_step=global_seqs * s * shape.flops_per_token,
                     world=layout.world, peak_flops=gpu.peak_flops)

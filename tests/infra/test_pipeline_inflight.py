@@ -1,6 +1,7 @@
-"""The planner's pipeline memory against torch's schedules as smelt's trainer builds them: two gloo ranks
-run one step of each schedule, counting on every stage the forwards whose backward has not run yet
-(``fwd_cache``, whose activations the rank holds) and the receive buffers torch allocates."""
+"""The planner's pipeline model against torch's schedules as smelt's trainer builds them: gloo ranks run one
+step of each schedule, counting on every stage the forwards whose backward has not run yet (``fwd_cache``,
+whose activations the rank holds) and the receive buffers torch allocates; the ZB-V schedule's order of
+actions is the one the planner simulates for its bubble."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.distributed as dist
 
 from infra.layout import Layout, ModelShape
 from infra.memory import inflight_forwards, inflight_microbatches, pipeline_buffer_bytes
+from infra.pipeline_order import zbv_order
 from tasks.llama import Transformer
 from tasks.model_config import preset
 from tasks.train.pipeline import build_schedule, split_model
@@ -58,6 +60,9 @@ def _worker(rank: int, out_dir: str, pp: int, microbatches: int) -> None:
             buffers += sum(i.buffer.numel() for i in infos if getattr(i, "buffer", None) is not None)
         result[schedule] = {"peak": {str(k): v for k, v in sorted(peak.items())},
                             "buffers": buffers / (SEQ * model.tok_embeddings.embedding_dim)}
+        if schedule == "ZBVZeroBubble":  # every rank's actions, as this rank's schedule will run them
+            result["zbv_order"] = [[[a.computation_type.name, a.stage_index, a.microbatch_index]
+                                    for a in pipe.pipeline_order[r] if a is not None] for r in range(pp)]
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 
@@ -113,3 +118,10 @@ def test_rank_zero_receive_buffers_and_kept_outputs_are_what_the_planner_counts(
     kept = sum(h for s, h in zip(stages, held) if s != last)
     in_flight_inputs = sum(h for s, h in zip(stages, held) if s != "0")
     assert counted == rank0["buffers"] + kept - in_flight_inputs
+
+
+def test_the_zbv_order_the_planner_simulates_is_the_one_torch_builds(measured):
+    pp, microbatches, rank0 = measured
+    kinds = {"FORWARD": "F", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
+    theirs = [[(kinds[t], stage, mb) for t, stage, mb in ops] for ops in rank0["zbv_order"]]
+    assert theirs == [list(ops) for ops in zbv_order(pp, microbatches)]

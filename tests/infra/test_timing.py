@@ -43,17 +43,18 @@ def test_balanced_split_takes_one_layer_off_the_first_and_the_last_stage():
     assert sum(split.per_rank) == 126
 
 
-def test_zero_bubble_v_leaves_a_small_share_of_the_1f1b_bubble():
+def test_zero_bubble_v_leaves_what_torchs_order_leaves_a_fifth_of_1f1bs_bubble():
     shape, h100 = ModelShape(PRESETS["70b"], 8192), gpu("h100")
     base = dict(tp=8, pp=4, dp_replicate=1, dp_shard=128, zero=1, micro_batch=1)
     one_f_one_b = step_time(shape, Layout(**base), h100, 2048)
     zbv = step_time(shape, Layout(**base, pp_schedule="ZBVZeroBubble", virtual_stages=2), h100, 2048)
-    # per layer and token: F = (L + A)/3, B = L/3 + 2A/3, W = L/3 with L = 6·params, A = 12·H·Q·T
+    # per layer and token: F = (L + A)/3, B = L/3 + 2A/3, W = L/3 with L = 6·params, A = 12·H·Q·T; here
+    # B > F > W and B < F + W, where torch's order idles (pp − 1)·B, in a slot of both chunks' F + B + W
     lin, att = 6 * shape.layer_params, 12 * 64 * 128 * 8192
-    share = ((lin + att) / 3 + lin / 3 + 2 * att / 3 - 2 * lin / 3) / (lin + att)
+    b_share = (lin / 3 + 2 * att / 3) / (lin + att)
     slot = (zbv.compute + zbv.recompute + zbv.tp_comm + zbv.pp_comm) / 16
-    assert zbv.bubble == pytest.approx(3 / 2 * slot * share)
-    assert zbv.bubble < 0.1 * one_f_one_b.bubble
+    assert zbv.bubble == pytest.approx(3 * b_share * slot / 2)
+    assert 0.15 * one_f_one_b.bubble < zbv.bubble < 0.25 * one_f_one_b.bubble
 
 
 def _attention(rate, seq=2048):
