@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-Action = tuple[str, int, int]  # ("F" forward | "I" input gradient | "W" weight gradient, stage, micro-batch)
+Action = tuple[str, int, int]  # (kind, stage, micro-batch); kind: "F" forward, "I" input gradient, "W" weight
+# gradient, "B" the whole backward (I and W in one)
 
 
 def zbv_order(pp: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:
@@ -63,8 +64,9 @@ def zbv_order(pp: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:
 
 def makespan(order: tuple[tuple[Action, ...], ...], stages: int, seconds: dict[str, float]) -> float:
     """Time until the last rank finishes, each rank running its actions in order as soon as their inputs
-    exist (a forward needs the previous stage's forward, an input gradient the next stage's, or the forward
-    on the last stage; a weight gradient its input gradient), communication free."""
+    exist (a forward needs the previous stage's forward; a backward, whole or input-gradient only, the next
+    stage's, or the forward on the last stage; a weight gradient its input gradient), communication free.
+    ``seconds`` gives F, I and W; a whole backward takes I + W."""
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * len(order)
     position = [0] * len(order)
@@ -76,14 +78,17 @@ def makespan(order: tuple[tuple[Action, ...], ...], stages: int, seconds: dict[s
                 kind, stage, mb = ops[position[rank]]
                 if kind == "F":
                     needs = ("F", stage - 1, mb) if stage > 0 else None
-                elif kind == "I":
+                elif kind in ("I", "B"):
                     needs = ("F", stage, mb) if stage == stages - 1 else ("I", stage + 1, mb)
                 else:
                     needs = ("I", stage, mb)
                 if needs is not None and needs not in done:
                     break
                 start = max(free[rank], done[needs] if needs is not None else 0.0)
-                free[rank] = done[(kind, stage, mb)] = start + seconds[kind]
+                if kind == "B":
+                    free[rank] = done[("I", stage, mb)] = done[("W", stage, mb)] = start + seconds["I"] + seconds["W"]
+                else:
+                    free[rank] = done[(kind, stage, mb)] = start + seconds[kind]
                 position[rank] += 1
                 remaining -= 1
                 progressed = True

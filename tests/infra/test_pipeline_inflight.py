@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from infra.layout import Layout, ModelShape
 from infra.memory import inflight_forwards, inflight_microbatches, pipeline_buffer_bytes
-from infra.pipeline_order import zbv_order
+from infra.pipeline_order import makespan, zbv_order
 from tasks.llama import Transformer
 from tasks.model_config import preset
 from tasks.train.pipeline import build_schedule, split_model
@@ -22,6 +22,7 @@ from tests.tasks.train.ranks import run_ranks
 
 SEQ, VOCAB, LAYERS = 16, 64, 16
 SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
+KINDS = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
 MESHES = ((2, 4), (4, 4), (4, 8))  # (pp, micro-batches); ZB-V with m = pp holds most on rank pp − 1
 
 
@@ -60,9 +61,9 @@ def _worker(rank: int, out_dir: str, pp: int, microbatches: int) -> None:
             buffers += sum(i.buffer.numel() for i in infos if getattr(i, "buffer", None) is not None)
         result[schedule] = {"peak": {str(k): v for k, v in sorted(peak.items())},
                             "buffers": buffers / (SEQ * model.tok_embeddings.embedding_dim)}
-        if schedule == "ZBVZeroBubble":  # every rank's actions, as this rank's schedule will run them
-            result["zbv_order"] = [[[a.computation_type.name, a.stage_index, a.microbatch_index]
-                                    for a in pipe.pipeline_order[r] if a is not None] for r in range(pp)]
+        if schedule != "1F1B":  # every rank's actions, as this rank's schedule will run them
+            result[schedule]["order"] = [[[KINDS[a.computation_type.name], a.stage_index, a.microbatch_index]
+                                          for a in pipe.pipeline_order[r] if a is not None] for r in range(pp)]
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 
@@ -122,6 +123,14 @@ def test_rank_zero_receive_buffers_and_kept_outputs_are_what_the_planner_counts(
 
 def test_the_zbv_order_the_planner_simulates_is_the_one_torch_builds(measured):
     pp, microbatches, rank0 = measured
-    kinds = {"FORWARD": "F", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
-    theirs = [[(kinds[t], stage, mb) for t, stage, mb in ops] for ops in rank0["zbv_order"]]
+    theirs = [[tuple(action) for action in ops] for ops in rank0["ZBVZeroBubble"]["order"]]
     assert theirs == [list(ops) for ops in zbv_order(pp, microbatches)]
+
+
+def test_torchs_interleaved_order_leaves_the_pp_minus_1_over_v_slots_the_planner_counts(measured):
+    pp, microbatches, rank0 = measured
+    order = tuple(tuple(tuple(action) for action in ops) for ops in rank0["Interleaved1F1B"]["order"])
+    seconds = {"F": 1.0, "I": 1.3, "W": 0.7}
+    slot = 2 * sum(seconds.values())  # a micro-batch through both of a rank's stages
+    bubble = makespan(order, 2 * pp, seconds) - microbatches * slot
+    assert bubble == pytest.approx((pp - 1) / 2 * slot)
