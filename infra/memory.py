@@ -224,7 +224,6 @@ def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, 
     and keeps each forward's output until its backward (``fwd_cache``)."""
     if layout.pp == 1:
         return 0.0
-    boundary = tokens * shape.cfg.dim * 2 / layout.tp
     stages = layout.pp * layout.virtual_stages
     ids = ((0, stages - 1) if layout.pp_schedule == "ZBVZeroBubble"
            else tuple(c * layout.pp for c in range(layout.virtual_stages)))
@@ -234,7 +233,12 @@ def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, 
             count += microbatches + held
         if stage != 0:  # activation receive buffers not holding an input in flight
             count += microbatches - held
-    return count * boundary
+    return count * _boundary_bytes(shape, layout, tokens)
+
+
+def _boundary_bytes(shape: ModelShape, layout: Layout, tokens: int) -> float:
+    """One micro-batch's hidden states as they pass between stages: bf16, sequence-sharded over tp."""
+    return tokens * shape.cfg.dim * 2 / layout.tp
 
 
 def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: int,
@@ -263,7 +267,7 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     if a.torch_pipelining and layout.pp > 1:
         first_stage += pipeline_buffer_bytes(shape, layout, microbatches, tokens)
         # the last stage (1F1B: one micro-batch in flight) holds the other micro-batches' receive buffers
-        last_stage += (microbatches - 1) * tokens * shape.cfg.dim * 2 / layout.tp
+        last_stage += (microbatches - 1) * _boundary_bytes(shape, layout, tokens)
     per_logit = a.logits_bytes
     if layout.tp > 1 and a.loss_parallel_logits_bytes is not None:
         per_logit = a.loss_parallel_logits_bytes

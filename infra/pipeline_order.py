@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-Action = tuple[str, int, int]  # (kind, stage, micro-batch); kind: "F" forward, "I" input gradient, "W" weight
-# gradient, "B" the whole backward (I and W in one)
+# (kind, stage, micro-batch); kind: "F" forward, "I" input gradient, "W" weight gradient, "B" the whole
+# backward (I and W in one)
+Action = tuple[str, int, int]
 
 
 def zbv_order(pp: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:

@@ -46,10 +46,6 @@ class RMSNorm(nn.Module):
         return _RMSNorm.apply(x, self.weight, self.eps)
 
 
-def _norm_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(x.dtype, torch.float32)
-
-
 class _RMSNorm(torch.autograd.Function):
     """``(x / rms(x)).type_as(x) * weight``, normalised in fp32 (bf16 sums of squares over D lose too much
     precision). Autograd would keep two fp32 copies of x and the bf16 normalised x for the backward (10
@@ -57,7 +53,7 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        xf = x.to(_norm_dtype(x))
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
         rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
         ctx.save_for_backward(x, weight, rstd)
         return (xf * rstd).type_as(x) * weight

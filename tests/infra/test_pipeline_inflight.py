@@ -68,6 +68,12 @@ def _worker(rank: int, out_dir: str, pp: int, microbatches: int) -> None:
         json.dump(result, f)
 
 
+def _layout(schedule: str, pp: int) -> Layout:
+    v = 1 if schedule == "1F1B" else 2
+    return Layout(tp=1, pp=pp, dp_replicate=1, dp_shard=1, zero=1, micro_batch=1, pp_schedule=schedule,
+                  virtual_stages=v)
+
+
 @pytest.fixture(scope="module", params=MESHES, ids=lambda mesh: f"pp{mesh[0]}-m{mesh[1]}")
 def measured_ranks(request, tmp_path_factory) -> tuple[int, int, list[dict]]:
     pp, microbatches = request.param
@@ -89,12 +95,6 @@ def test_the_busiest_rank_holds_the_micro_batches_the_planner_counts(measured_ra
     layout = _layout(schedule, pp)
     busiest = max(sum(r[schedule]["peak"].values()) for r in ranks)
     assert busiest == inflight_microbatches(layout, microbatches) * layout.virtual_stages
-
-
-def _layout(schedule: str, pp: int) -> Layout:
-    v = 1 if schedule == "1F1B" else 2
-    return Layout(tp=1, pp=pp, dp_replicate=1, dp_shard=1, zero=1, micro_batch=1, pp_schedule=schedule,
-                  virtual_stages=v)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

@@ -185,6 +185,13 @@ def test_bad_efficiency_is_rejected():
         TimingAssumptions(dp_overlap=-0.1)
 
 
+def test_the_planners_even_split_is_the_trainers():
+    from infra.layout import stage_layers
+    from tasks.train.pipeline import layer_split
+    for n_layers, stages in ((126, 8), (126, 16), (80, 8), (32, 3), (10, 10)):
+        assert stage_layers(n_layers, stages) == [len(r) for r in layer_split(n_layers, stages)]
+
+
 def test_torchtitan_split_gives_the_middle_stages_the_remainder():
     # torchtitan's generate_split_points (December 2024): the first stage the base count, the middle stages
     # one more while the remainder lasts, the last stage what is left
