@@ -401,6 +401,69 @@ def fit(order: tuple[str, ...] = FIT_ORDER, rounds: int = 6, fixed: dict[str, fl
     return constants
 
 
+CP_SWEEPS = ("titan-8b-8-cp", "titan-405b-512-cp")  # torchtitan's Tables 2 and 6: a rank's tokens fixed
+
+
+def _worst(steps: list[float], cps: list[int], fixed: float, attention: float) -> float:
+    return max(abs(t / (fixed + attention * c) - 1) for t, c in zip(steps, cps))
+
+
+def _balanced_attention(steps: list[float], cps: list[int], fixed: float) -> float:
+    """The attention work per unit of cp that best balances the rows' errors with ``fixed`` held: every
+    row's predicted throughput rises as it falls, so bisect until the most over- and under-predicted rows
+    miss by the same amount."""
+    def tilt(a: float) -> float:
+        ratios = [t / (fixed + a * c) for t, c in zip(steps, cps)]
+        return max(ratios) + min(ratios) - 2
+    lo, hi = 0.0, 2 * max(t / c for t, c in zip(steps, cps))
+    if fixed > 0 and tilt(lo) <= 0:
+        return lo
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tilt(mid) > 0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def cp_sweep_floor(rows: list[Scored], prefix: str, bar: float = 0.15) -> dict:
+    """How close a model can come to a published CP sweep that keeps a rank's tokens fixed as cp doubles.
+
+    There a rank's step is fixed work F (linear layers, loss, collectives) plus attention work a·cp. smelt's
+    prediction has this form, with F = 2·T(1) − T(2) from its own cp = 1 and 2 step times (F rests on the
+    constants fitted on the source's rows without CP). Holding that F, the best a leaves ``floor``: no
+    attention cost does better. An exchange exposed per ring step, b·(cp − 1), is (F − b) + (a + b)·cp, so
+    it can reach ``bar`` only if b ≥ F − ``fixed_for_bar_s``, the largest F up to smelt's at which the worst
+    row could come within ``bar`` (smelt's F where it already can, None where no F can)."""
+    sweep = sorted((r for r in rows if r.run.key.startswith(prefix)), key=lambda r: r.layout.cp)
+    cps = [r.layout.cp for r in sweep]
+    if cps[:2] != [1, 2]:
+        raise ValueError(f"{prefix}: a sweep needs its cp = 1 and 2 rows, has cp {cps}")
+    tokens = [r.run.global_batch * r.run.seq_len / r.run.gpus for r in sweep]  # per GPU and step
+    if len(set(tokens)) != 1 or len({r.layout.micro_batch for r in sweep}) != 1:
+        raise ValueError(f"{prefix}: the rows do not keep a rank's tokens fixed")
+    published = [t / r.run.published_tokens_per_gpu() for t, r in zip(tokens, sweep)]
+    predicted = [t / r.tokens_per_gpu for t, r in zip(tokens, sweep)]
+    fixed = 2 * predicted[0] - predicted[1]
+
+    def floor(f: float) -> float:
+        return _worst(published, cps, f, _balanced_attention(published, cps, f))
+
+    if floor(fixed) <= bar:
+        fixed_for_bar = fixed
+    elif floor(0.0) > bar:
+        fixed_for_bar = None
+    else:
+        lo, hi = 0.0, fixed
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if floor(mid) <= bar else (lo, mid)
+        fixed_for_bar = lo
+    return {"rows": [r.run.key for r in sweep], "published_step_s": [round(t, 2) for t in published],
+            "smelt_step_s": [round(t, 2) for t in predicted], "fixed_s": round(fixed, 3),
+            "floor": round(floor(fixed), 4), "balanced_attention_s": round(_balanced_attention(published, cps, fixed), 3),
+            "fixed_for_bar_s": None if fixed_for_bar is None else round(fixed_for_bar, 3),
+            "smelt_worst": round(max(abs(r.error) for r in sweep), 4)}
+
+
 def summary(rows: list[Scored]) -> dict:
     """Mean and worst absolute throughput error on the held-out rows (and on the fitted ones, ~0 by
     construction), and the memory error where the source publishes peak memory."""
@@ -416,6 +479,7 @@ def summary(rows: list[Scored]) -> dict:
         "memory_rows": len(memory), "memory_mean_abs_error": round(statistics.mean(memory), 4) if memory else None,
         "memory_worst_abs_error": round(max(memory), 4) if memory else None,
         "layouts_not_fitting": [r.run.key for r in rows if not r.fits],
+        "cp_sweeps": {prefix: cp_sweep_floor(rows, prefix) for prefix in CP_SWEEPS},
         "per_system_mean_abs_error": {s: round(statistics.mean(abs(r.error) for r in rows
                                                                if system[r.run.key] == s and not r.run.fits), 4)
                                       for s in systems},
@@ -458,6 +522,12 @@ def render(rows: list[Scored]) -> str:
                  f"peak memory ({s['memory_rows']} rows): mean {s['memory_mean_abs_error']:.1%}, "
                  f"worst {s['memory_worst_abs_error']:.1%}; tokens/s per GPU, published as tokens/s or "
                  f"converted from TFLOP/s with 6N + 12·L·H·Q·T")
+    for prefix, sweep in s["cp_sweeps"].items():
+        needs = ("no fixed work reaches 15%" if sweep["fixed_for_bar_s"] is None
+                 else "15% is reachable" if sweep["floor"] <= 0.15
+                 else f"15% needs F ≤ {sweep['fixed_for_bar_s']:.2f} s")
+        lines.append(f"CP sweep {prefix}*: step = F + a·cp; with smelt's F = {sweep['fixed_s']:.2f} s "
+                     f"the best a leaves worst {sweep['floor']:.1%} (smelt {sweep['smelt_worst']:.1%}); {needs}")
     lines.append("constants: " + ", ".join(f"{k} = {v}" for k, v in FITTED.items()))
     return "\n".join(lines)
 
