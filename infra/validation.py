@@ -532,16 +532,61 @@ def render(rows: list[Scored]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[Scored], path: str) -> None:
+    """Each row's throughput error against its published tokens/s per GPU (±5% and ±15% marked), and
+    counted against published peak memory (±10% shaded); one colour per system, fitted rows hollow; PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = sorted({STACKS[r.run.stack].system_name for r in rows})
+    colours = dict(zip(systems, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(12, 5.2))
+    for r in rows:
+        colour = colours[STACKS[r.run.stack].system_name]
+        face = "none" if r.run.fits else colour
+        speed.scatter(r.run.published_tokens_per_gpu(), 100 * r.error, s=30, edgecolors=colour, facecolors=face)
+        if r.run.memory_gib:
+            memory.scatter(r.run.memory_gib * GIB / GB, r.memory_gb, s=30, edgecolors=colour, facecolors=face)
+    speed.set_xscale("log")
+    for level, style in ((0, "-"), (5, ":"), (15, "--")):
+        for sign in {1, -1}:
+            speed.axhline(sign * level, color="black", linestyle=style, linewidth=1)
+    low = min(memory.get_xlim()[0], memory.get_ylim()[0])
+    high = max(memory.get_xlim()[1], memory.get_ylim()[1])
+    memory.plot([low, high], [low, high], color="black", linewidth=1)
+    memory.fill_between([low, high], [0.9 * low, 0.9 * high], [1.1 * low, 1.1 * high], color="0.9", zorder=0)
+    memory.set_xlim(low, high)
+    memory.set_ylim(low, high)
+    s = summary(rows)
+    speed.set(xlabel="published tokens/s per GPU", ylabel="smelt's error (%)",
+              title=f"throughput: held-out mean {s['held_out_mean_abs_error']:.1%}, "
+                    f"worst {s['held_out_worst_abs_error']:.1%}")
+    memory.set(xlabel="published peak memory per GPU (GB)", ylabel="smelt's count (GB)",
+               title=f"memory: mean {s['memory_mean_abs_error']:.1%}, worst {s['memory_worst_abs_error']:.1%} "
+                     "(±10% shaded)")
+    for system in systems:
+        speed.scatter([], [], color=colours[system], label=system)
+    speed.legend(loc="lower left", fontsize=8, title="hollow: fitted row", title_fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="The planner against published training runs.")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--fit", action="store_true", help="re-solve the fitted constants and print them")
+    parser.add_argument("--plot", metavar="PNG", help="also write predicted against published as a PNG")
     args = parser.parse_args(argv)
     if args.fit:
         print(json.dumps(fit()))
         return
     rows = table()
     print(json.dumps(as_dict(rows)) if args.json else render(rows))
+    if args.plot:
+        plot(rows, args.plot)
 
 
 if __name__ == "__main__":

@@ -189,3 +189,12 @@ def _shape(run):
 
 def _with(run, **changes):
     return dataclasses.replace(run, key=run.key + "-variant", fits=None, **changes)
+
+
+def test_the_plot_is_written_as_png(tmp_path, capsys):
+    from infra.validation import main
+
+    path = tmp_path / "validation.png"
+    main(["--plot", str(path)])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
+    assert "held-out rows" in capsys.readouterr().out
