@@ -27,6 +27,7 @@ Fitted constants (``FITTED``), each solved on one stated row, in this order; eve
   under Transformer Engine and under torchao float8;
 - ``fsdp1_layer_ms``: LLM Foundry's fixed cost per layer and pass (forward once, backward twice);
 - ``a100``, ``h100-96gb-500w``: that GPU's efficiency relative to an H100 SXM under the same stack.
+- ``cudnn_2403``: NeMo 24.03's cuDNN 9.0 fused attention relative to the cuDNN curve in ``infra.timing``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Stack:
     overhead: str = ""  # the FITTED constant for its per-layer fixed cost in ms ('' = none)
     system: str = ""  # the system it is a release of ('' = its name)
     attention_kernel: str = "fa2"  # infra.timing.ATTENTION_KERNELS: fa2 (torch SDPA, flash-attn 2) | cudnn (TE)
+    attention_scale: str = ""  # the FITTED constant scaling its kernel's measured rate ('' = none)
     loss_bytes: float = 12.0  # HBM bytes the loss moves per logit, forward and backward
     tp_overlap_kind: str = "torch"  # infra.timing: te (Transformer Engine userbuffers) | torch (PyTorch async TP)
     torch_pipelining: bool = True  # pipeline stages run by torch.distributed.pipelining (infra.memory)
@@ -100,6 +102,12 @@ STACKS = {
     # Megatron-Bridge 25.11: the same kernels, but its performance recipes fuse the loss
     # (scripts/performance/utils/helpers.py, set_common_perf_overrides: cross_entropy_fusion_impl = "te"): two
     # reads of the bf16 logits, the gradient written in place, its in-place scaling in the backward (10 bytes).
+    # NeMo 24.03.01 (cuDNN 9.0): the same recipes, but its fused attention predates the cuDNN that the
+    # FlashAttention-3 paper measured (``cudnn_2403`` scales that curve).
+    "nemo-2403": Stack("nemo-2403", "NeMo 24.03 (Megatron-Core + Transformer Engine, cuDNN 9.0)", saves="megatron",
+                       tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron", fp8="fp8_te",
+                       attention_kernel="cudnn", attention_scale="cudnn_2403", loss_bytes=52, system="nemo",
+                       tp_overlap_kind="te", torch_pipelining=False),
     "bridge": Stack("bridge", "Megatron-Bridge 25.11 performance recipes", saves="megatron", tp_overlap=True,
                     grad_bytes=2, fp8_params=True, efficiency="megatron", fp8="fp8_te", attention_kernel="cudnn",
                     loss_bytes=10, system="nemo", tp_overlap_kind="te", torch_pipelining=False),
@@ -177,6 +185,7 @@ class Run:
 
 LLAMA3 = "Llama 3 paper (Dubey et al. 2024), Table 4"
 MEGATRON = "NVIDIA/Megatron-LM README.md, Performance Benchmarking (images/model_table.png, Megatron-Core r0.8.0)"
+NEMO_LONG = "NVIDIA/NeMo docs/source/performance/performance_long_sequence.md, LLAMA2-7B (FP8), with-CP columns"
 NEMO_2407 = "NVIDIA/NeMo docs/source/performance/performance_summary.md, pre-training table (NeMo 24.07, FP8)"
 BRIDGE_2511 = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, 25.11 container, DGX-H100"
 FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md, table "
@@ -220,6 +229,15 @@ RUNS: list[Run] = [
         "tp=1,pp=1,cp=2,mb=1,zero=1", "fp8", 12273, "tokens/s/GPU", search=("ac",)),
     Run("nemo-llama3-70b-64-cp2", "nemo", NEMO_2407, "Llama 3 70B", PRESETS["70b"], "h100", 64, 8192, 128,
         "tp=4,pp=4,cp=2,vp=5,mb=1", "fp8", 1524, "tokens/s/GPU", search=("ac",)),
+    # NeMo 24.03.01 on DGX-H100, FP8, Llama 2 7B from 4K to 1M tokens, GPUs growing with the sequence (one per
+    # 1K tokens). The global batch is not published: taken as 4M tokens per step, as the same document's B200
+    # table publishes it for Llama 3 8B (batch 512 at 8K down to 4 at 1M); the micro-batch is one sequence.
+    *[Run(f"nemo-llama2-7b-{k}k-cp{cp}", "nemo-2403", NEMO_LONG, "Llama 2 7B", LLAMA2_7B, "h100", tp * pp * dp * cp,
+          k * 1024, 4096 // k, f"tp={tp},pp={pp},cp={cp},mb=1,zero=1", "fp8", tflops, "TFLOP/s/GPU", search=("ac",),
+          fits="cudnn_2403" if k == 128 else None)
+      for k, tp, pp, dp, cp, tflops in ((4, 1, 1, 4, 1, 768), (8, 1, 2, 4, 1, 730), (16, 2, 1, 8, 1, 660),
+                                        (32, 2, 1, 8, 2, 610), (64, 4, 1, 8, 2, 574), (128, 4, 1, 8, 4, 555),
+                                        (256, 4, 1, 8, 8, 549), (512, 8, 1, 4, 16, 549), (1024, 8, 1, 4, 32, 536))],
     # Megatron-Bridge 25.11 (NeMo container), FP8 current scaling.
     Run("bridge-llama3-8b-8", "bridge", BRIDGE_2511, "Llama 3 8B", PRESETS["8b"], "h100", 8, 8192, 128,
         "tp=1,pp=1,mb=1,zero=3", "fp8", 14451, "tokens/s/GPU", search=("ac",)),
@@ -306,9 +324,10 @@ RUNS: list[Run] = [
 
 # Solved by ``fit()`` on the rows marked ``fits`` (tests/infra/test_validation.py re-fits them).
 FIT_ORDER = ("meta", "attention", "megatron", "fp8_te", "llm-foundry", "fsdp1_layer_ms", "a100",
-             "torchtitan", "h100-96gb-500w", "fp8_torchtitan")
+             "torchtitan", "h100-96gb-500w", "fp8_torchtitan", "cudnn_2403")
 FITTED = {"meta": 0.569, "attention": 0.4725, "megatron": 0.5135, "fp8_te": 2.1349, "llm-foundry": 0.6236,
-          "fsdp1_layer_ms": 2.1062, "a100": 1.2107, "torchtitan": 0.5505, "h100-96gb-500w": 0.8247, "fp8_torchtitan": 1.732}
+          "fsdp1_layer_ms": 2.1062, "a100": 1.2107, "torchtitan": 0.5505, "h100-96gb-500w": 0.8247, "fp8_torchtitan": 1.732,
+          "cudnn_2403": 0.8734}
 
 
 @dataclass(frozen=True)
@@ -359,7 +378,8 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
     timing = TimingAssumptions(compute=min(1.0, constants[stack.constant] * relative),
                                tp_overlap=TimingAssumptions().dp_overlap if overlap else 0.0,
                                fp8_speedup=constants.get(stack.fp8_constant, 1.0),
-                               attention=constants["attention"], attention_kernel=stack.attention_kernel,
+                               attention=constants["attention"] * constants.get(stack.attention_scale, 1.0),
+                               attention_kernel=stack.attention_kernel,
                                layer_overhead_s=constants[stack.overhead] / 1e3 if stack.overhead else 0.0,
                                gather_bytes=1.0 if run.fp8_all_gather else 2.0, loss_bytes=stack.loss_bytes,
                                tp_overlap_kind=stack.tp_overlap_kind)
@@ -395,7 +415,7 @@ def fit(order: tuple[str, ...] = FIT_ORDER, rounds: int = 6, fixed: dict[str, fl
     """Solve each constant on its row by bisection (throughput rises with each), the others held; the
     constants interact (attention shares every row, torchtitan's three share two rows each), so sweep the
     order a few times."""
-    constants = {name: (1.5 if name.startswith("fp8") else 1.0 if name in ("attention", "a100", "h100-96gb-500w")
+    constants = {name: (1.5 if name.startswith("fp8") else 1.0 if name in ("attention", "a100", "h100-96gb-500w", "cudnn_2403")
                         else 0.5) for name in order} | dict(fixed or {})
     for _ in range(rounds):
         for name in order:

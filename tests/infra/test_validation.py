@@ -18,7 +18,7 @@ BY_KEY = {r.run.key: r for r in ROWS}
 # planner worse on runs it was not fitted to.
 # (Memory rose from 0.050 / 0.165 when the torchtitan 405B rows took torchtitan's own layer split, which puts
 # one layer fewer on their first stage than smelt's: an input corrected, see infra/README.md.)
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.049, 0.20, 0.052, 0.175
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.046, 0.20, 0.052, 0.175
 MEMORY_WITHIN_10 = 16  # rows whose peak memory is within 10% of the published figure
 
 
@@ -36,14 +36,14 @@ def test_the_table_spans_systems_sizes_scales_gpus_and_precisions():
     assert s["held_out"] >= 15 and len(s["systems"]) >= 4
     sizes = [r.run.cfg.num_params() for r in ROWS]
     assert min(sizes) < 1.5e9 and max(sizes) > 4e11
-    assert min(r.run.gpus for r in ROWS) == 8 and max(r.run.gpus for r in ROWS) == 16384
+    assert min(r.run.gpus for r in ROWS) <= 8 and max(r.run.gpus for r in ROWS) == 16384
     assert {r.run.gpu.split("-")[0] for r in ROWS} == {"a100", "h100", "h200"}
     assert {r.run.precision for r in ROWS} == {"bf16", "fp8"}
     assert all(r.run.source and r.run.published > 0 for r in ROWS)
 
 
 def test_constants_are_few_named_and_each_fitted_on_one_stated_row():
-    assert len(FITTED) <= 10
+    assert len(FITTED) <= 11
     for name in FITTED:
         assert len([r for r in RUNS if r.fits == name]) == 1, name
     assert fit() == pytest.approx(FITTED, rel=5e-3)
@@ -84,6 +84,20 @@ def test_context_parallel_costs_what_the_sources_show():
     # Llama 3: CP16 at 131K tokens reaches 88% of the 8K run's TFLOP/s (fitted attention rate, not a prediction)
     ratio = BY_KEY["llama3-405b-16k-cp16"].mfu / BY_KEY["llama3-405b-16k"].mfu
     assert ratio == pytest.approx(380 / 400, rel=0.05)
+
+
+def test_nemo_long_sequence_sweep_holds_from_4k_to_1m_tokens():
+    """NeMo's Llama 2 7B table grows the sequence 256-fold and cp from 1 to 32 (with tp and dp changing): one
+    constant for its cuDNN's attention speed, fitted at 128K, must carry every other row within 5%."""
+    sweep = sorted((r for r in ROWS if r.run.stack == "nemo-2403"), key=lambda r: r.run.seq_len)
+    assert [r.layout.cp for r in sweep] == [1, 1, 1, 2, 2, 4, 8, 16, 32]
+    for r in sweep:
+        assert abs(r.error) < 0.05, (r.run.key, r.error)
+    # the source: TFLOP/s per GPU falls only 3.4% from 128K (cp 4) to 1M (cp 32), while 4K runs 38% faster
+    tflops = {r.run.seq_len // 1024: r.tokens_per_gpu * ModelShape(r.run.cfg, r.run.seq_len).flops_per_token
+              for r in sweep}
+    assert tflops[1024] / tflops[128] == pytest.approx(536 / 555, abs=0.03)
+    assert tflops[4] / tflops[128] == pytest.approx(768 / 555, rel=0.06)
 
 
 def test_torchtitans_8b_cp_sweep_cannot_come_within_15_percent_at_smellts_fixed_work():
