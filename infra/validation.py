@@ -27,7 +27,7 @@ Fitted constants (``FITTED``), each solved on one stated row, in this order; eve
   under Transformer Engine and under torchao float8;
 - ``fsdp1_layer_ms``: LLM Foundry's fixed cost per layer and pass (forward once, backward twice);
 - ``a100``, ``h100-96gb-500w``: that GPU's efficiency relative to an H100 SXM under the same stack.
-- ``cudnn_2403``: NeMo 24.03's cuDNN 9.0 fused attention relative to the cuDNN curve in ``infra.timing``.
+- ``cudnn_2403``: NeMo 24.03's cuDNN fused attention relative to the cuDNN curve in ``infra.timing``.
 """
 
 from __future__ import annotations
@@ -99,15 +99,15 @@ STACKS = {
     "nemo": Stack("nemo", "NeMo / Megatron-Bridge performance recipes (Megatron-Core + Transformer Engine)",
                   saves="megatron", tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron",
                   fp8="fp8_te", attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te", torch_pipelining=False),
-    # Megatron-Bridge 25.11: the same kernels, but its performance recipes fuse the loss
-    # (scripts/performance/utils/helpers.py, set_common_perf_overrides: cross_entropy_fusion_impl = "te"): two
-    # reads of the bf16 logits, the gradient written in place, its in-place scaling in the backward (10 bytes).
-    # NeMo 24.03.01 (cuDNN 9.0): the same recipes, but its fused attention predates the cuDNN that the
+    # NeMo 24.03.01: the same recipes, but its container's cuDNN (early 2024) predates the one that the
     # FlashAttention-3 paper measured (``cudnn_2403`` scales that curve).
-    "nemo-2403": Stack("nemo-2403", "NeMo 24.03 (Megatron-Core + Transformer Engine, cuDNN 9.0)", saves="megatron",
+    "nemo-2403": Stack("nemo-2403", "NeMo 24.03 (Megatron-Core + Transformer Engine)", saves="megatron",
                        tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron", fp8="fp8_te",
                        attention_kernel="cudnn", attention_scale="cudnn_2403", loss_bytes=52, system="nemo",
                        tp_overlap_kind="te", torch_pipelining=False),
+    # Megatron-Bridge 25.11: the same kernels, but its performance recipes fuse the loss
+    # (scripts/performance/utils/helpers.py, set_common_perf_overrides: cross_entropy_fusion_impl = "te"): two
+    # reads of the bf16 logits, the gradient written in place, its in-place scaling in the backward (10 bytes).
     "bridge": Stack("bridge", "Megatron-Bridge 25.11 performance recipes", saves="megatron", tp_overlap=True,
                     grad_bytes=2, fp8_params=True, efficiency="megatron", fp8="fp8_te", attention_kernel="cudnn",
                     loss_bytes=10, system="nemo", tp_overlap_kind="te", torch_pipelining=False),
@@ -415,8 +415,8 @@ def fit(order: tuple[str, ...] = FIT_ORDER, rounds: int = 6, fixed: dict[str, fl
     """Solve each constant on its row by bisection (throughput rises with each), the others held; the
     constants interact (attention shares every row, torchtitan's three share two rows each), so sweep the
     order a few times."""
-    constants = {name: (1.5 if name.startswith("fp8") else 1.0 if name in ("attention", "a100", "h100-96gb-500w", "cudnn_2403")
-                        else 0.5) for name in order} | dict(fixed or {})
+    relative = ("attention", "a100", "h100-96gb-500w", "cudnn_2403")
+    constants = {name: (1.5 if name.startswith("fp8") else 1.0 if name in relative else 0.5) for name in order} | dict(fixed or {})
     for _ in range(rounds):
         for name in order:
             (run,) = [r for r in RUNS if r.fits == name]
