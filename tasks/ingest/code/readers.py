@@ -4,8 +4,9 @@ Inputs: JSONL (optionally .gz/.zst) and Parquet files of source-file records (``
 ``content``, optional ``license``, ``url``; field names in config), tar archives (.tar, .tar.gz,
 .tgz, .tar.bz2, .tar.xz) and zip archives of repositories, read member by member, and plain folder
 trees (a local checkout), listed once and split into chunks of files. A tar archive is streamed
-(no seeking), so one member at a time is in memory; a zip archive is read through its central
-directory, which fsspec serves with range requests on remote stores.
+(no seeking), so one member at a time is in memory, and its gzip and tar framing are checked to
+their ends; a zip archive is read through its central directory, which fsspec serves with range
+requests on remote stores.
 
 Each file is checked the same way whatever its container: over ``max_file_bytes`` it is skipped
 unread, a NUL byte among its first ``binary_detection_bytes`` makes it binary, bytes that none of
@@ -25,7 +26,7 @@ raise so the work item is retried.
 from __future__ import annotations
 
 import dataclasses
-import gzip
+import io
 import logging
 import lzma
 import stat
@@ -39,6 +40,7 @@ import fsspec
 
 from tasks.datasets import Stats, filesystem, normalize_url, remote_options
 from tasks.ingest.base import Document, doc_id
+from tasks.ingest.compression import GZIP_MAGIC, READ_CHUNK, ChunkReader, gzip_members
 from tasks.ingest.code.config import CodeReaderConfig
 from tasks.ingest.readers import GLOB_CHARS, InputError, input_size, read_json_lines, read_parquet_rows
 
@@ -334,13 +336,23 @@ def read_tree(item: CodeInput, cfg: CodeReaderConfig, stats: Stats) -> Iterator[
 
 
 def read_tar(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document]:
-    """Regular-file members of a tar archive (any of tar's compressions), streamed in order."""
+    """Regular-file members of a tar archive (any of tar's compressions), streamed in order.
+
+    Gzip is inflated by ``gzip_members``, which checks each member's CRC and length (tarfile's own
+    gzip stream checks neither) and is read to its end after the last tar member. A missing end
+    marker or a garbled header ends the archive with a counted fault, where tarfile would stop
+    quietly (``_CheckedTarInfo``), so an archive cut between members is never taken as whole.
+    """
     checks = _SourceChecks(cfg, stats)
     repo = archive_repo(url)
     with fsspec.open(url, "rb", **remote_options(url)) as raw:
+        gzipped = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+        raw.seek(0)
+        stream = io.BufferedReader(ChunkReader(gzip_members(raw)), READ_CHUNK) if gzipped else raw
         try:
-            with tarfile.open(fileobj=raw, mode="r|*") as archive:
-                for member in archive:
+            with tarfile.open(fileobj=stream, mode="r|" if gzipped else "r|*", tarinfo=_CheckedTarInfo) as archive:
+                while (member := archive.next()) is not None:
+                    archive.members.clear()  # a stream needs no index; it would grow with the member count
                     if member.isdir():
                         continue
                     stats.add("in")
@@ -353,10 +365,31 @@ def read_tar(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document
                     data = archive.extractfile(member).read()
                     if (text := checks.decode(data)) is not None:
                         yield checks.document(text, repo, path, f"{url}#{path}")
-        except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as e:
+                while gzipped and stream.read(READ_CHUNK):  # the rest of the gzip data, for its checksums
+                    pass
+        except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as e:
             kind = "truncated_file" if isinstance(e, EOFError) or "unexpected end" in str(e) else "corrupt_file"
             stats.add(f"failed.code_{kind}")
             log.warning("%s: unreadable tar data, skipping the rest of the archive: %s", url, e)
+
+
+class _CheckedTarInfo(tarfile.TarInfo):
+    """tarfile ends an archive without a word at an empty, cut or garbled header past the first;
+    these raise instead. Only a zero block (the end-of-archive marker) ends it cleanly."""
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        try:
+            return super().fromtarfile(tar)
+        except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError) as e:
+            if tar.offset == 0:
+                raise
+            raise tarfile.ReadError(f"unexpected end of data at byte {tar.offset}, before the end-of-archive "
+                                    f"marker: {e}") from None
+        except tarfile.InvalidHeaderError as e:
+            if tar.offset == 0:
+                raise
+            raise tarfile.ReadError(f"bad member header at byte {tar.offset}: {e}") from None
 
 
 def read_zip(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document]:

@@ -6,7 +6,9 @@ import gzip
 import io
 import json
 import os
+import random
 import tarfile
+import tracemalloc
 import uuid
 import zipfile
 
@@ -194,15 +196,97 @@ def test_tar_archives_are_streamed_member_by_member_with_bad_files_counted(tmp_p
     assert stats["in"] == 8 and stats["not_regular_files"] == 1
 
 
-def test_a_truncated_tar_gz_keeps_the_members_before_the_cut(tmp_path):
-    members = {f"r/m{i:02d}.py": (f"value_{i} = {i}\n" * 300).encode() + os.urandom(2000).hex().encode()
-               for i in range(20)}
+def seeded_members(count: int) -> dict[str, bytes]:
+    """Source files with an incompressible tail, so a gzip cut lands in every member's bytes."""
+    rng = random.Random(count)
+    return {f"r/m{i:02d}.py": (f"value_{i} = {i}\n" * 40).encode() + rng.randbytes(400).hex().encode()
+            for i in range(count)}
+
+
+def kept_in_order(docs, members: dict[str, bytes]) -> int:
+    """How many documents were read, checking they are the archive's first members, unchanged."""
+    assert [(d.meta["path"], d.text.encode()) for d in docs] == list(members.items())[: len(docs)]
+    return len(docs)
+
+
+def test_a_tar_cut_anywhere_before_its_end_marker_is_one_counted_truncation(tmp_path):
+    """Cuts at member boundaries, inside headers and inside data; tarfile alone takes a cut at a
+    boundary or in a header for the archive's end and reads on without a word."""
+    members = seeded_members(5)
+    data = tar_bytes(members, mode="w")
+    data_ends, offset = [], 0
+    for content in members.values():
+        data_ends.append(offset + 512 + len(content))
+        offset += 512 + -(-len(content) // 512) * 512
+    end_marker = offset
+    path = tmp_path / "cut.tar"
+    for cut in range(512, end_marker + 512, 256):
+        path.write_bytes(data[:cut])
+        docs, stats = read_url(str(path))
+        assert reasons(stats) == {"failed.code_truncated_file": 1}, cut
+        assert kept_in_order(docs, members) == sum(end <= cut for end in data_ends), cut
+    for cut in (end_marker + 512, len(data)):  # a first zero block ends the archive, as for GNU tar
+        path.write_bytes(data[:cut])
+        docs, stats = read_url(str(path))
+        assert reasons(stats) == {} and kept_in_order(docs, members) == len(members)
+
+
+def test_a_tar_gz_cut_anywhere_is_one_counted_truncation_after_the_members_before_the_cut(tmp_path):
+    members = seeded_members(5)
     data = tar_bytes(members)
     path = tmp_path / "cut.tar.gz"
-    path.write_bytes(data[: len(data) // 2])
-    docs, stats = read_url(str(path), max_file_bytes=100_000)
-    assert 0 < len(docs) < 20
-    assert reasons(stats) == {"failed.code_truncated_file": 1}
+    kept = []
+    for cut in range(3, len(data), 37):
+        path.write_bytes(data[:cut])
+        docs, stats = read_url(str(path))
+        assert reasons(stats) == {"failed.code_truncated_file": 1}, cut
+        kept.append(kept_in_order(docs, members))
+    assert kept == sorted(kept) and kept[0] == 0 and kept[-1] == len(members)  # the cuts hit every member
+    path.write_bytes(data)
+    docs, stats = read_url(str(path))
+    assert reasons(stats) == {} and kept_in_order(docs, members) == len(members)
+
+
+def test_a_flipped_bit_in_a_tar_gz_is_counted_wherever_it_falls(tmp_path):
+    """tarfile's gzip stream checks no CRC: a flip inside a member's text was read as good."""
+    members = seeded_members(5)
+    data = tar_bytes(members)
+    path = tmp_path / "flipped.tar.gz"
+    for at in [*range(10, len(data) - 8, 29), *range(len(data) - 8, len(data))]:  # deflate data, then CRC and length
+        flipped = bytearray(data)
+        flipped[at] ^= 0x01
+        path.write_bytes(bytes(flipped))
+        _, stats = read_url(str(path))
+        assert sum(reasons(stats).values()) == 1 and set(reasons(stats)) <= {
+            "failed.code_corrupt_file", "failed.code_truncated_file"}, at
+
+
+def test_a_garbled_member_header_ends_the_tar_with_a_counted_fault(tmp_path):
+    members = seeded_members(3)
+    data = bytearray(tar_bytes(members, mode="w"))
+    second = 512 + -(-len(members["r/m00.py"]) // 512) * 512
+    data[second + 100] ^= 0xFF  # inside the mode field: the header checksum no longer holds
+    path = tmp_path / "garbled.tar"
+    path.write_bytes(bytes(data))
+    docs, stats = read_url(str(path))
+    assert kept_in_order(docs, members) == 1
+    assert reasons(stats) == {"failed.code_corrupt_file": 1}
+
+
+def test_reading_a_tar_holds_no_index_that_grows_with_its_member_count(tmp_path):
+    """tarfile keeps every header in a stream too: 10,000 more members held 4.4 MB more."""
+    peaks = []
+    for count in (2_000, 12_000):
+        members = {f"r/f{i:05d}.py": b"x = %d\n" % i for i in range(count)}
+        path = tmp_path / f"many-{count}.tar.gz"
+        path.write_bytes(tar_bytes(members))
+        tracemalloc.start()
+        docs = sum(1 for _ in read_code(plan_code_inputs([str(path)], CodeReaderConfig())[0],
+                                        CodeReaderConfig(), Stats()))
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert docs == count
+    assert peaks[1] - peaks[0] < 2 << 20, peaks
 
 
 def test_zip_archives_are_read_member_by_member_with_bad_files_counted(tmp_path):
