@@ -22,6 +22,9 @@ from tasks.datasets import remote_options
 READ_CHUNK = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b\x08"
 GAP = None  # in a chunk stream: corrupt compressed data was skipped here
+# Characters of documents a reader holds back (beyond one of the largest) until the gzip member they came
+# from has passed its checksum; past that, one huge member's documents go out before its end is checked.
+UNVERIFIED_HOLD_CHARS = 16 << 20
 
 
 def compression_name(url: str) -> str:

@@ -17,7 +17,7 @@ import fsspec
 
 from tasks.datasets import Stats, remote_options
 from tasks.ingest.base import Document
-from tasks.ingest.compression import VerifiedGzip, compression_name, decompressed_chunks
+from tasks.ingest.compression import UNVERIFIED_HOLD_CHARS, VerifiedGzip, compression_name, decompressed_chunks
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.warc_framer import WARC_MAGIC, Framed, WarcFramer
 from tasks.ingest.warc_records import framed_document
@@ -84,9 +84,6 @@ def _account(url: str, record: Framed, cfg: ReaderConfig, stats: Stats, record_t
     return doc
 
 
-_HOLD_TEXT = 16 << 20  # characters of documents held back (beyond one of the largest) while their gzip members are unverified
-
-
 def _read_fast_gzip(url: str, cfg: ReaderConfig, stats: Stats, record_type: str) -> Generator[Document, None, int | None]:
     """The records of a .gz archive inflated by FastWARC's gzip reader (twice as fast as zlib here),
     framed and counted as always; returns None when the file is done, else the offset from which
@@ -117,7 +114,7 @@ def _read_fast_gzip(url: str, cfg: ReaderConfig, stats: Stats, record_type: str)
                     done, doc, counts, warnings = held.pop(0)
                     held_text -= len(doc.text) if doc is not None else 0
                     yield from _give_out(doc, counts, warnings, stats)
-                if held_text > _HOLD_TEXT + cfg.max_payload_bytes:  # one huge gzip member: nothing verified before its end
+                if held_text > UNVERIFIED_HOLD_CHARS + cfg.max_payload_bytes:  # one huge gzip member: nothing verified before its end
                     return done
             if not source.ends_complete(raw):
                 return done

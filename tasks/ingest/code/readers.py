@@ -19,8 +19,9 @@ Counters: ``in`` (files and records seen), ``out`` (documents yielded),
 ``not_regular_files`` (links, devices: not read), ``skipped_dirs`` (tree folders named in
 ``skip_dirs``, never entered), ``bytes_in``, ``dropped.code_{binary,undecodable,too_large,empty,
 skipped_dir}`` (the last: archive members inside a ``skip_dirs`` folder),
-``failed.code_{bad_record,corrupt_file,truncated_file,bad_member,missing_file}``. Data faults are counted, never raised; network and permission errors
-raise so the work item is retried.
+``failed.code_{bad_record,corrupt_file,truncated_file,bad_member,missing_file,unverified_member}``
+(the last: documents of a tar.gz whose checksum then failed, never given out). Data faults are
+counted, never raised; network and permission errors raise so the work item is retried.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import fsspec
 
 from tasks.datasets import Stats, filesystem, normalize_url, remote_options
 from tasks.ingest.base import Document, doc_id
-from tasks.ingest.compression import GZIP_MAGIC, READ_CHUNK, ChunkReader, gzip_members
+from tasks.ingest.compression import GZIP_MAGIC, READ_CHUNK, UNVERIFIED_HOLD_CHARS, ChunkReader, gzip_members
 from tasks.ingest.code.config import CodeReaderConfig
 from tasks.ingest.readers import GLOB_CHARS, InputError, input_size, read_json_lines, read_parquet_rows
 
@@ -339,38 +340,64 @@ def read_tar(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document
     """Regular-file members of a tar archive (any of tar's compressions), streamed in order.
 
     Gzip is inflated by ``gzip_members``, which checks each member's CRC and length (tarfile's own
-    gzip stream checks neither) and is read to its end after the last tar member. A missing end
-    marker or a garbled header ends the archive with a counted fault, where tarfile would stop
-    quietly (``_CheckedTarInfo``), so an archive cut between members is never taken as whole.
+    gzip stream checks neither) and is read to its end after the last tar member. Documents are held
+    back (up to ``UNVERIFIED_HOLD_CHARS``) until that check: a .tar.gz is most often one gzip member, so its
+    checksum comes at its end. If the data proves corrupt, the held documents are counted
+    ``failed.code_unverified_member``, not given out; a truncation gives them out (nothing after the
+    cut can be checked). A missing end marker or a garbled header ends the archive with a counted
+    fault, where tarfile would stop quietly (``_CheckedTarInfo``), so an archive cut between members
+    is never taken as whole.
     """
-    checks = _SourceChecks(cfg, stats)
     repo = archive_repo(url)
     with fsspec.open(url, "rb", **remote_options(url)) as raw:
         gzipped = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
         raw.seek(0)
         stream = io.BufferedReader(ChunkReader(gzip_members(raw)), READ_CHUNK) if gzipped else raw
+        held: list[Document] = []
+        held_chars = 0
+        counts = Stats() if gzipped else stats  # the held documents' counts, added when they go out
+        checks = _SourceChecks(cfg, counts)
         try:
             with tarfile.open(fileobj=stream, mode="r|" if gzipped else "r|*", tarinfo=_CheckedTarInfo) as archive:
                 while (member := archive.next()) is not None:
                     archive.members.clear()  # a stream needs no index; it would grow with the member count
                     if member.isdir():
                         continue
-                    stats.add("in")
+                    counts.add("in")
                     path = clean_member_path(member.name)
                     if not member.isfile():
-                        stats.add("not_regular_files")
+                        counts.add("not_regular_files")
                         continue
                     if checks.in_skipped_dir(path) or checks.too_large(member.size):
                         continue
                     data = archive.extractfile(member).read()
                     if (text := checks.decode(data)) is not None:
-                        yield checks.document(text, repo, path, f"{url}#{path}")
+                        held.append(checks.document(text, repo, path, f"{url}#{path}"))
+                        held_chars += len(text) + 512  # and a Document's own objects, about 450 bytes
+                    if not gzipped or held_chars > UNVERIFIED_HOLD_CHARS + cfg.max_file_bytes:
+                        yield from _give_out(held, counts, stats)
+                        held_chars = 0
                 while gzipped and stream.read(READ_CHUNK):  # the rest of the gzip data, for its checksums
                     pass
         except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as e:
-            kind = "truncated_file" if isinstance(e, EOFError) or "unexpected end" in str(e) else "corrupt_file"
-            stats.add(f"failed.code_{kind}")
+            truncated = isinstance(e, EOFError) or "unexpected end" in str(e)
+            stats.add(f"failed.code_{'truncated' if truncated else 'corrupt'}_file")
             log.warning("%s: unreadable tar data, skipping the rest of the archive: %s", url, e)
+            if not truncated and held:
+                counts.add("out", -len(held))
+                counts.add("failed.code_unverified_member", len(held))
+                held.clear()
+        if gzipped:
+            yield from _give_out(held, counts, stats)
+
+
+def _give_out(held: list[Document], counts: Stats, stats: Stats) -> Iterator[Document]:
+    """The held documents, their counts added to ``stats`` first; both emptied."""
+    if counts is not stats:
+        stats += counts
+        counts.clear()
+    yield from held
+    held.clear()
 
 
 class _CheckedTarInfo(tarfile.TarInfo):

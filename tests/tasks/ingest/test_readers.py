@@ -334,7 +334,7 @@ def test_fastwarc_gzip_holds_back_a_bounded_amount(tmp_path, monkeypatch):
                 return stop.value
 
     assert resumes_at() is None  # whole and verified at its end: FastWARC's reader read it all
-    monkeypatch.setattr(warc, "_HOLD_TEXT", 100_000)  # a few pages: the only member is far larger
+    monkeypatch.setattr(warc, "UNVERIFIED_HOLD_CHARS", 100_000)  # a few pages: the only member is far larger
     assert resumes_at() == 0  # gave up holding pages back: smelt's decompression reads it from the start
     (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = [read(url, warc_engine=e, max_payload_bytes=100_000)
                                                                   for e in WARC_ENGINES]

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.datasets import Stats
+from tasks.ingest.code import readers as code_readers
 from tasks.ingest.code.config import CodeReaderConfig
 from tasks.ingest.code.readers import (
     NOT_REGULAR,
@@ -261,6 +262,34 @@ def test_a_flipped_bit_in_a_tar_gz_is_counted_wherever_it_falls(tmp_path):
             "failed.code_corrupt_file", "failed.code_truncated_file"}, at
 
 
+def flipped_big_tar_gz(tmp_path) -> tuple[str, dict[str, bytes]]:
+    """A tar.gz past one read chunk inflated, a bit flipped a quarter in: the deflate data still
+    decodes, to one wrong member, and only the CRC at the end tells."""
+    members = seeded_members(600)
+    data = bytearray(tar_bytes(members))
+    data[len(data) // 4] ^= 0x10
+    path = tmp_path / "flipped.tar.gz"
+    path.write_bytes(bytes(data))
+    return str(path), members
+
+
+def test_documents_of_a_tar_gz_whose_checksum_fails_are_counted_never_given_out(tmp_path):
+    url, members = flipped_big_tar_gz(tmp_path)
+    docs, stats = read_url(url)
+    assert docs == []
+    assert reasons(stats) == {"failed.code_corrupt_file": 1, "failed.code_unverified_member": stats["in"]}
+    assert stats["in"] > 400 and stats.get("out", 0) == 0  # every member read before the end is accounted for
+
+
+def test_past_the_hold_limit_a_tar_gz_gives_its_documents_out_before_its_checksum(tmp_path, monkeypatch):
+    monkeypatch.setattr(code_readers, "UNVERIFIED_HOLD_CHARS", 0)
+    url, members = flipped_big_tar_gz(tmp_path)
+    docs, stats = read_url(url, max_file_bytes=10_000)
+    assert sum(members[d.meta["path"]].decode() != d.text for d in docs) == 1  # the fault is counted, not caught
+    assert stats["failed.code_corrupt_file"] == 1 and len(docs) > 400
+    assert stats.get("failed.code_unverified_member", 0) == stats["in"] - len(docs) < 10  # ≤ 10,000 characters held
+
+
 def test_a_garbled_member_header_ends_the_tar_with_a_counted_fault(tmp_path):
     members = seeded_members(3)
     data = bytearray(tar_bytes(members, mode="w"))
@@ -278,8 +307,8 @@ def test_reading_a_tar_holds_no_index_that_grows_with_its_member_count(tmp_path)
     peaks = []
     for count in (2_000, 12_000):
         members = {f"r/f{i:05d}.py": b"x = %d\n" % i for i in range(count)}
-        path = tmp_path / f"many-{count}.tar.gz"
-        path.write_bytes(tar_bytes(members))
+        path = tmp_path / f"many-{count}.tar"  # not gzip, whose documents are held until its checksum
+        path.write_bytes(tar_bytes(members, mode="w"))
         tracemalloc.start()
         docs = sum(1 for _ in read_code(plan_code_inputs([str(path)], CodeReaderConfig())[0],
                                         CodeReaderConfig(), Stats()))
