@@ -34,7 +34,7 @@ import fsspec
 
 from tasks.datasets import Stats, filesystem, normalize_url, remote_options
 from tasks.ingest.base import Document, doc_id
-from tasks.ingest.compression import READ_CHUNK, compression_name, open_input
+from tasks.ingest.compression import READ_CHUNK, UNVERIFIED_HOLD_CHARS, compression_name, open_input
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.warc import read_warc, read_wet
 
@@ -166,43 +166,57 @@ def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str,
     """(line number, parsed object) of each line of a JSONL file (plain, .gz or .zst), streamed.
 
     Counts ``in``; skips an oversize line (``dropped.<prefix>_too_large``), undecodable
-    bytes (``dropped.<prefix>_undecodable``) and malformed JSON (``failed.<prefix>_bad_record``); a
-    truncated or corrupt compressed stream ends the file (``failed.<truncated>``,
-    ``failed.<prefix>_corrupt_file``) keeping every line read before it.
+    bytes (``dropped.<prefix>_undecodable``) and malformed JSON (``failed.<prefix>_bad_record``). A
+    truncated stream ends the file (``failed.<truncated>``) keeping every line read before it. Lines
+    are held (up to ``UNVERIFIED_HOLD_CHARS`` bytes) until the compressed data they came from has
+    passed its checksum, which for a one-member gzip is at its end: corrupt data ends the file
+    (``failed.<prefix>_corrupt_file``) and the held lines count ``failed.<prefix>_unverified_record``.
     """
+    held: list[tuple[int, bytes | None]] = []
+    held_bytes = line_no = 0
     with open_input(url) as f:
-        line_no = 0
         try:
             for line_no, line in enumerate(_bounded_lines(f, max_line_bytes)):
                 if line is not None and not line.strip():
                     continue
-                stats.add("in")
-                if line is None:
-                    stats.add(f"dropped.{prefix}_too_large")
-                    continue
-                try:
-                    record = json.loads(line)
-                except UnicodeDecodeError:
-                    stats.add(f"dropped.{prefix}_undecodable")
-                    continue
-                except json.JSONDecodeError:
-                    stats.add(f"failed.{prefix}_bad_record")
-                    continue
-                yield line_no, record
+                held.append((line_no, line))
+                held_bytes += len(line or b"") + 100  # and the tuple, about 100 bytes
+                if held_bytes > UNVERIFIED_HOLD_CHARS + max_line_bytes:
+                    yield from _parsed_lines(held, stats, prefix)
+                    held_bytes = 0
         except EOFError:  # the cut line is a record seen: ``in`` still adds up
             stats.add("in")
             stats.add(f"failed.{truncated}")
             log.warning("%s: file is truncated after line %d", url, line_no)
-        except (gzip.BadGzipFile, zlib.error) as e:
-            stats.add("in")
-            stats.add(f"failed.{prefix}_corrupt_file")
-            log.warning("%s: corrupt compressed data after line %d: %s", url, line_no, e)
-        except Exception as e:  # zstandard.ZstdError, without importing zstandard for every format
-            if type(e).__name__ != "ZstdError":
+        except Exception as e:  # zlib, gzip, or zstandard.ZstdError, without importing zstandard for every format
+            if not isinstance(e, (gzip.BadGzipFile, zlib.error)) and type(e).__name__ != "ZstdError":
                 raise
-            stats.add("in")
+            stats.add("in", 1 + len(held))
             stats.add(f"failed.{prefix}_corrupt_file")
-            log.warning("%s: corrupt zstd data after line %d: %s", url, line_no, e)
+            stats.add(f"failed.{prefix}_unverified_record", len(held))
+            log.warning("%s: corrupt compressed data after line %d, %d lines before it dropped: %s",
+                        url, line_no, len(held), e)
+            held.clear()
+    yield from _parsed_lines(held, stats, prefix)
+
+
+def _parsed_lines(held: list[tuple[int, bytes | None]], stats: Stats, prefix: str) -> Iterator[tuple[int, Any]]:
+    """The held lines parsed and counted, in order; ``held`` is emptied."""
+    for line_no, line in held:
+        stats.add("in")
+        if line is None:
+            stats.add(f"dropped.{prefix}_too_large")
+            continue
+        try:
+            record = json.loads(line)
+        except UnicodeDecodeError:
+            stats.add(f"dropped.{prefix}_undecodable")
+            continue
+        except json.JSONDecodeError:
+            stats.add(f"failed.{prefix}_bad_record")
+            continue
+        yield line_no, record
+    held.clear()
 
 
 def _bounded_lines(f: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
