@@ -4,8 +4,9 @@ Formats (chosen from the file name unless ``reader.format`` says): WARC response
 ``meta.format = "html"``, text extracted later), WET conversion records (plain text), JSONL and
 Parquet with a ``text`` field (optional ``id``, ``url``, ``source``, ``meta``).
 
-Everything streams: one record is in memory at a time and payloads over ``max_payload_bytes`` are
-skipped without being held, so a 1 GB WARC file never sits in memory whole. Compression is
+Everything streams: payloads over ``max_payload_bytes`` are skipped without being held, and the
+records held until their compressed data passes its checksum are bounded (``UNVERIFIED_HOLD_CHARS``),
+so a 1 GB WARC file never sits in memory whole. Compression is
 inferred from the name (``.gz``, ``.zst``) and undone by smelt (``compression.py``), not by
 warcio, whose decompressor passes a truncated file silently; record offsets are therefore
 positions in the uncompressed stream. WARC and WET files are read by ``warc.py`` (framing:
@@ -17,7 +18,7 @@ Data faults are counted and skipped, never raised (DESIGN.md §3). Counters:
 ``out`` (documents yielded), ``other_records`` (WARC request/metadata/… records),
 ``decoded_with_replacements`` (pages kept with a few undecodable bytes replaced),
 ``dropped.read_{non_html,http_status,empty,too_large,undecodable}``,
-``failed.read_{truncated_gzip,truncated_zstd,corrupt_file,bad_record}``, ``bytes_in``.
+``failed.read_{truncated_gzip,truncated_zstd,corrupt_file,bad_record,unverified_record}``, ``bytes_in``.
 Network and permission errors are not data faults: they raise, so the work item is retried.
 """
 

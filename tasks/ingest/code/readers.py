@@ -19,8 +19,9 @@ Counters: ``in`` (files and records seen), ``out`` (documents yielded),
 ``not_regular_files`` (links, devices: not read), ``skipped_dirs`` (tree folders named in
 ``skip_dirs``, never entered), ``bytes_in``, ``dropped.code_{binary,undecodable,too_large,empty,
 skipped_dir}`` (the last: archive members inside a ``skip_dirs`` folder),
-``failed.code_{bad_record,corrupt_file,truncated_file,bad_member,missing_file,unverified_member}``
-(the last: documents of a tar.gz whose checksum then failed, never given out). Data faults are
+``failed.code_{bad_record,corrupt_file,truncated_file,bad_member,missing_file,unverified_record,
+unverified_member}`` (the last two: JSONL lines and tar.gz members read before a checksum that then
+failed, never given out). Data faults are
 counted, never raised; network and permission errors raise so the work item is retried.
 """
 
