@@ -21,8 +21,8 @@ Counters: ``in`` (files and records seen), ``out`` (documents yielded),
 skipped_dir}`` (the last: archive members inside a ``skip_dirs`` folder),
 ``failed.code_{bad_record,corrupt_file,truncated_file,bad_member,missing_file,unverified_record,
 unverified_member}`` (the last two: JSONL lines and tar.gz members read before a checksum that then
-failed, never given out). Data faults are
-counted, never raised; network and permission errors raise so the work item is retried.
+failed, never given out). Data faults are counted, never raised; network and permission errors
+raise so the work item is retried.
 """
 
 from __future__ import annotations
