@@ -27,6 +27,11 @@ GAP = None  # in a chunk stream: corrupt compressed data was skipped here
 UNVERIFIED_HOLD_CHARS = 16 << 20
 
 
+def is_compressed(url: str) -> bool:
+    """Whether ``open_input`` inflates ``url`` (named .gz or .zst), so checksums come after the data."""
+    return url.lower().endswith((".gz", ".zst"))
+
+
 def compression_name(url: str) -> str:
     """How a file is compressed, for counter names: zstd for .zst, else gzip."""
     return "zstd" if url.lower().endswith(".zst") else "gzip"

@@ -35,7 +35,7 @@ import fsspec
 
 from tasks.datasets import Stats, filesystem, normalize_url, remote_options
 from tasks.ingest.base import Document, doc_id
-from tasks.ingest.compression import READ_CHUNK, UNVERIFIED_HOLD_CHARS, compression_name, open_input
+from tasks.ingest.compression import READ_CHUNK, UNVERIFIED_HOLD_CHARS, compression_name, is_compressed, open_input
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.warc import read_warc, read_wet
 
@@ -169,12 +169,14 @@ def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str,
     Counts ``in``; skips an oversize line (``dropped.<prefix>_too_large``), undecodable
     bytes (``dropped.<prefix>_undecodable``) and malformed JSON (``failed.<prefix>_bad_record``). A
     truncated stream ends the file (``failed.<truncated>``) keeping every line read before it. Lines
-    are held (up to ``UNVERIFIED_HOLD_CHARS`` bytes) until the compressed data they came from has
-    passed its checksum, which for a one-member gzip is at its end: corrupt data ends the file
-    (``failed.<prefix>_corrupt_file``) and the held lines count ``failed.<prefix>_unverified_record``.
+    of a compressed file are held (up to ``UNVERIFIED_HOLD_CHARS`` bytes) until the data they came
+    from has passed its checksum, which for a one-member gzip is at its end: corrupt data ends the
+    file (``failed.<prefix>_corrupt_file``) and the held lines count
+    ``failed.<prefix>_unverified_record``.
     """
     held: list[tuple[int, bytes | None]] = []
     held_bytes = line_no = 0
+    hold_limit = UNVERIFIED_HOLD_CHARS + max_line_bytes if is_compressed(url) else 0
     with open_input(url) as f:
         try:
             for line_no, line in enumerate(_bounded_lines(f, max_line_bytes)):
@@ -182,7 +184,7 @@ def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str,
                     continue
                 held.append((line_no, line))
                 held_bytes += len(line or b"") + 100  # and the tuple, about 100 bytes
-                if held_bytes > UNVERIFIED_HOLD_CHARS + max_line_bytes:
+                if held_bytes > hold_limit:
                     yield from _parsed_lines(held, stats, prefix)
                     held_bytes = 0
         except EOFError:  # the cut line is a record seen: ``in`` still adds up
