@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from tasks.datasets import normalize_url
 from tasks.model_config import PRESETS, ModelConfig, preset
+from tasks.train.float8 import FLOAT8_RECIPES
 
 # The option values the trainer implements; one home for the CLI, the planner and the trainer.
 PP_SCHEDULES = {"1F1B": 1, "Interleaved1F1B": 2, "ZBVZeroBubble": 2}  # schedule -> stages per pp rank
@@ -65,6 +66,7 @@ class ParallelConfig:
     activation_checkpoint: str = "none"  # none | full | selective
     compile: bool = False
     mixed_precision: str = "auto"  # auto: bf16 params + fp32 reduce on GPU, fp32 on CPU; fp32 | bf16
+    float8: str = "none"  # none | tensorwise | rowwise: the blocks' matmuls in FP8 (tasks/train/float8.py)
 
     def __post_init__(self) -> None:
         for name in ("pp", "dp_replicate", "tp"):
@@ -75,6 +77,7 @@ class ParallelConfig:
         _choice("parallel.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _choice("parallel.activation_checkpoint", self.activation_checkpoint, AC_MODES)
         _choice("parallel.mixed_precision", self.mixed_precision, MIXED_PRECISION)
+        _choice("parallel.float8", self.float8, FLOAT8_RECIPES)
 
 
 @dataclass

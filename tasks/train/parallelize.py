@@ -1,5 +1,6 @@
 """Apply parallelism to a single-device model from outside, in the order of DESIGN.md §4:
-tensor (+ sequence, + loss) parallel → activation checkpointing → torch.compile → FSDP2.
+FP8 layers (optional) → tensor (+ sequence, + loss) parallel → activation checkpointing →
+torch.compile → FSDP2.
 
 Each ``apply_*`` takes only what it needs (the TP mesh, not the world). Pipeline splitting happens
 before this, in tasks/train/pipeline.py; each pipeline stage is parallelised on its own.
@@ -28,12 +29,13 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from tasks.llama import Transformer
 from tasks.train.config import ParallelConfig
+from tasks.train.float8 import apply_float8, float8_shape_problems
 from tasks.train.parallel_dims import ParallelDims
 
 log = logging.getLogger(__name__)
 
 
-def check_model_fits(model: Transformer, dims: ParallelDims, seq_len: int) -> None:
+def check_model_fits(model: Transformer, dims: ParallelDims, seq_len: int, float8: str = "none") -> None:
     """Shapes the layout needs to divide evenly; a clear error instead of a deep DTensor one."""
     cfg = model.cfg
     if dims.tp_enabled:
@@ -45,11 +47,18 @@ def check_model_fits(model: Transformer, dims: ParallelDims, seq_len: int) -> No
             raise ValueError(f"data.seq_len ({seq_len}) must be divisible by parallel.tp ({dims.tp}) for sequence parallel")
     if seq_len > cfg.max_seq_len:
         raise ValueError(f"data.seq_len ({seq_len}) exceeds model.max_seq_len ({cfg.max_seq_len})")
+    if float8 != "none":
+        widths = {"model.dim": cfg.dim, "model.ffn_hidden": cfg.ffn_hidden,
+                  "model.n_kv_heads × head_dim": cfg.n_kv_heads * (cfg.dim // cfg.n_heads)}
+        if problems := float8_shape_problems(widths, dims.tp):
+            raise ValueError(f"parallel.float8={float8} needs FP8-sized matmuls: " + "; ".join(problems))
 
 
 def parallelize_model(model: Transformer, dims: ParallelDims, cfg: ParallelConfig, device_type: str) -> Transformer:
     """Shard ``model`` (still on meta) for ``dims``; returns it, ready for ``materialize`` (``cfg``'s
     choices were checked when it was built, tasks/train/config.py)."""
+    if cfg.float8 != "none":
+        apply_float8(model, cfg.float8)
     if dims.tp_enabled:
         apply_tp(model, dims.mesh["tp"], loss_parallel=True)
     if cfg.activation_checkpoint != "none":
@@ -125,6 +134,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) ->
 # their cost) and recomputes everything else (norms, activations, rotary: memory-bound ops).
 _SAVE_OPS = {
     torch.ops.aten.mm.default,
+    torch.ops.aten._scaled_mm.default,  # FP8 (parallel.float8)
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,

@@ -197,7 +197,7 @@ class Trainer:
         #    and only then allocated and initialised (layout-independently, from cfg.seed).
         with torch.device("meta"):
             whole = Transformer(self.model_cfg)
-        check_model_fits(whole, self.dims, cfg.data.seq_len)
+        check_model_fits(whole, self.dims, cfg.data.seq_len, cfg.parallel.float8)
         if self.dims.pp_enabled:
             stages = pipeline.split_model(whole, cfg.parallel.pp_schedule, self.dims.pp_rank, self.dims.pp)
         else:
@@ -476,7 +476,7 @@ def describe_layout(cfg: TrainConfig, *, world_size: int, vocab_size: int) -> di
     model_cfg = cfg.model_for_data(vocab_size)
     with torch.device("meta"):
         whole = Transformer(model_cfg)
-    check_model_fits(whole, dims, cfg.data.seq_len)
+    check_model_fits(whole, dims, cfg.data.seq_len, cfg.parallel.float8)
     if dims.pp_enabled:
         ranks = [pipeline.split_model(whole, cfg.parallel.pp_schedule, r, dims.pp) for r in range(dims.pp)]
     else:
