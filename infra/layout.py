@@ -89,6 +89,8 @@ class Layout:
         out: dict[str, object] = {f"parallel.{k}": getattr(pc, k) for k in
                                   ("tp", "pp", "dp_shard", "dp_replicate", "pp_schedule", "pp_microbatches",
                                    "zero2", "activation_checkpoint")}
+        if self.precision == "fp8":
+            out["parallel.float8"] = pc.float8
         out.update({"data.global_batch": global_seqs, "data.seq_len": seq_len,
                     "data.micro_batch": 0 if self.pp > 1 else self.micro_batch})
         return out
@@ -98,7 +100,8 @@ class Layout:
         return ParallelConfig(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, tp=self.tp,
                               pp_schedule=self.pp_schedule,
                               pp_microbatches=self.microbatches(global_seqs) if self.pp > 1 else 0,
-                              zero2=self.zero == 2, activation_checkpoint=self.activation_checkpoint)
+                              zero2=self.zero == 2, activation_checkpoint=self.activation_checkpoint,
+                              float8="tensorwise" if self.precision == "fp8" else "none")
 
 
 @dataclass(frozen=True)
@@ -247,8 +250,6 @@ def trainer_gaps(layout: Layout) -> list[str]:
     gaps = []
     if layout.cp > 1:
         gaps.append(f"context parallel (cp={layout.cp})")
-    if layout.precision != "bf16":
-        gaps.append(f"{layout.precision} matmuls")
     if layout.pp > 1 and TRAINER_SCHEDULES.get(layout.pp_schedule) != layout.virtual_stages:
         gaps.append(f"{layout.pp_schedule} with {layout.virtual_stages} stages per rank")
     if layout.pp > 1 and layout.zero != 1:

@@ -50,6 +50,14 @@ def test_trainer_settings_for_a_layout_without_pipeline():
     pc = plain.to_parallel_config(2048)
     assert pc.zero2 and pc.pp_microbatches == 0 and pc.pp_schedule == "1F1B"
     assert plain.trainer_overrides(2048, 8192)["data.micro_batch"] == 2
+    assert "parallel.float8" not in plain.trainer_overrides(2048, 8192) and pc.float8 == "none"
+
+
+def test_an_fp8_layout_runs_the_trainer_with_tensorwise_float8():
+    from infra.layout import parse_layout, trainer_gaps
+    fp8 = parse_layout("tp=2", 4096, precision="fp8")
+    assert trainer_gaps(fp8) == [] and fp8.to_parallel_config(2048).float8 == "tensorwise"
+    assert fp8.trainer_overrides(2048, 8192)["parallel.float8"] == "tensorwise"
 
 
 def test_a_given_layout_parses_with_dp_from_the_gpu_count():
