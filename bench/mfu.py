@@ -2,6 +2,7 @@
 
     python bench/mfu.py                                   # one GPU
     torchrun --nproc-per-node 8 bench/mfu.py              # FSDP over 8 GPUs (dp_shard = world)
+    python bench/mfu.py --float8 tensorwise               # the blocks' matmuls in FP8 (torchao)
     python bench/mfu.py --allow-cpu --preset tiny --seq-len 128 --batch 4 --no-compile   # smoke test
 
 Trains on random tokens (the data does not change the arithmetic) for warm-up steps (compile,
@@ -57,6 +58,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5, help="steps not measured (compile, allocator)")
     parser.add_argument("--steps", type=int, default=15, help="measured steps")
     parser.add_argument("--ac", default="none", choices=["none", "full", "selective"], help="activation checkpointing")
+    parser.add_argument("--float8", default="none", choices=["none", "tensorwise", "rowwise"],
+                        help="the blocks' linear layers in FP8 (parallel.float8; MFU stays against the bf16 peak)")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (a smoke test of this script)")
     args = parser.parse_args()
@@ -73,7 +76,7 @@ def main() -> int:
         "model_preset": args.preset,
         "steps": total,
         "data": {"seq_len": args.seq_len, "global_batch": batch},
-        "parallel": {"compile": not args.no_compile, "activation_checkpoint": args.ac},
+        "parallel": {"compile": not args.no_compile, "activation_checkpoint": args.ac, "float8": args.float8},
         "checkpoint": {"interval_steps": 0},
     })
     vocab = cfg.model_config(vocab_size=32000).vocab_size
@@ -107,6 +110,7 @@ def measure(trainer: Trainer, args: argparse.Namespace, batch: int) -> dict:
         "global_batch": batch,
         "compile": not args.no_compile,
         "dtype": str(trainer.compute_dtype).removeprefix("torch."),
+        "float8": args.float8,
     }
 
 
