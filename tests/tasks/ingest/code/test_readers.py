@@ -204,6 +204,12 @@ def seeded_members(count: int) -> dict[str, bytes]:
             for i in range(count)}
 
 
+def read_bytes(path, data: bytes, **cfg):
+    """Documents and counts of ``data`` written at ``path`` (its name picks the reader)."""
+    path.write_bytes(data)
+    return read_url(str(path), **cfg)
+
+
 def kept_in_order(docs, members: dict[str, bytes]) -> int:
     """How many documents were read, checking they are the archive's first members, unchanged."""
     assert [(d.meta["path"], d.text.encode()) for d in docs] == list(members.items())[: len(docs)]
@@ -222,13 +228,11 @@ def test_a_tar_cut_anywhere_before_its_end_marker_is_one_counted_truncation(tmp_
     end_marker = offset
     path = tmp_path / "cut.tar"
     for cut in range(512, end_marker + 512, 256):
-        path.write_bytes(data[:cut])
-        docs, stats = read_url(str(path))
+        docs, stats = read_bytes(path, data[:cut])
         assert reasons(stats) == {"failed.code_truncated_file": 1}, cut
         assert kept_in_order(docs, members) == sum(end <= cut for end in data_ends), cut
     for cut in (end_marker + 512, len(data)):  # a first zero block ends the archive, as for GNU tar
-        path.write_bytes(data[:cut])
-        docs, stats = read_url(str(path))
+        docs, stats = read_bytes(path, data[:cut])
         assert reasons(stats) == {} and kept_in_order(docs, members) == len(members)
 
 
@@ -238,13 +242,11 @@ def test_a_tar_gz_cut_anywhere_is_one_counted_truncation_after_the_members_befor
     path = tmp_path / "cut.tar.gz"
     kept = []
     for cut in range(3, len(data), 37):
-        path.write_bytes(data[:cut])
-        docs, stats = read_url(str(path))
+        docs, stats = read_bytes(path, data[:cut])
         assert reasons(stats) == {"failed.code_truncated_file": 1}, cut
         kept.append(kept_in_order(docs, members))
     assert kept == sorted(kept) and kept[0] == 0 and kept[-1] == len(members)  # the cuts hit every member
-    path.write_bytes(data)
-    docs, stats = read_url(str(path))
+    docs, stats = read_bytes(path, data)
     assert reasons(stats) == {} and kept_in_order(docs, members) == len(members)
 
 
@@ -256,8 +258,7 @@ def test_a_flipped_bit_in_a_tar_gz_is_counted_wherever_it_falls(tmp_path):
     for at in [*range(10, len(data) - 8, 29), *range(len(data) - 8, len(data))]:  # deflate data, then CRC and length
         flipped = bytearray(data)
         flipped[at] ^= 0x01
-        path.write_bytes(bytes(flipped))
-        _, stats = read_url(str(path))
+        _, stats = read_bytes(path, bytes(flipped))
         assert sum(reasons(stats).values()) == 1 and set(reasons(stats)) <= {
             "failed.code_corrupt_file", "failed.code_truncated_file"}, at
 
