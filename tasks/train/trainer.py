@@ -495,6 +495,7 @@ def describe_layout(cfg: TrainConfig, *, world_size: int, vocab_size: int) -> di
     return {
         "layout": dims.describe(),
         "world_size": world_size,
+        "float8": cfg.parallel.float8,
         "model": {"preset": cfg.model_preset, "params": model_cfg.num_params(), "vocab_size": model_cfg.vocab_size,
                   "flops_per_token": model_cfg.flops_per_token(cfg.data.seq_len)},
         "batch": {**dataclasses.asdict(batch), "tokens_per_step": batch.tokens_per_step},
