@@ -250,6 +250,20 @@ def test_a_tar_gz_cut_anywhere_is_one_counted_truncation_after_the_members_befor
     assert reasons(stats) == {} and kept_in_order(docs, members) == len(members)
 
 
+@pytest.mark.parametrize("name,mode", [("cut.tar.xz", "w:xz"), ("cut.tar.bz2", "w:bz2")])
+def test_an_xz_or_bz2_tar_cut_before_its_stream_trailer_is_one_counted_fault(tmp_path, name, mode):
+    """tarfile inflates these itself: a cut shows as a truncation, or as an unreadable start while
+    no whole compressed block has arrived (bz2's first block here is the whole archive). A cut in
+    the last 64 bytes (xz's index and footer) may leave every member read: nothing is lost."""
+    members = seeded_members(5)
+    data = tar_bytes(members, mode)
+    for cut in range(6, len(data) - 64, 37):
+        docs, stats = read_bytes(tmp_path / name, data[:cut])
+        assert sum(reasons(stats).values()) == 1 and set(reasons(stats)) <= {
+            "failed.code_corrupt_file", "failed.code_truncated_file"}, cut
+        kept_in_order(docs, members)
+
+
 def test_a_flipped_bit_in_a_tar_gz_is_counted_wherever_it_falls(tmp_path):
     """tarfile's gzip stream checks no CRC: a flip inside a member's text was read as good."""
     members = seeded_members(5)
