@@ -1,5 +1,6 @@
 import functools
 import gzip
+import io
 import http.server
 import random
 import re
@@ -280,7 +281,10 @@ BIG_GZIP_CASES = {
     "truncated in the last member": lambda m: b"".join(m)[:-300],
     "cut after a member header": lambda m: b"".join(m) + m[0][:12],
     "junk after the last member": lambda m: b"".join(m) + b"junk" * 10,
+    "clean, one member": lambda m: gzip.compress(b"".join(gzip.decompress(x) for x in m), mtime=0),
     "one member, cut": lambda m: gzip.compress(b"".join(gzip.decompress(x) for x in m), mtime=0)[:-5],
+    "one member, cut inside its trailer": lambda m: gzip.compress(b"".join(gzip.decompress(x) for x in m),
+                                                                  mtime=0)[:-3],
     "a byte changed that only the checksum catches": lambda m: b"".join(m[:40] + [_stored_page_with_a_changed_byte()] + m[40:]),
 }
 
@@ -292,6 +296,32 @@ def _stored_page_with_a_changed_byte() -> bytes:
     member = bytearray(gzip.compress(page, compresslevel=0, mtime=0))
     member[len(member) // 10] ^= 0x01
     return bytes(member)
+
+
+class CountingFile(io.BytesIO):
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self.bytes_read = 0
+
+    def read(self, size: int = -1) -> bytes:
+        out = super().read(size)
+        self.bytes_read += len(out)
+        return out
+
+
+@pytest.mark.parametrize("cut", [0, 3])
+def test_a_one_member_gzip_is_proven_whole_by_its_trailer_not_by_inflating_it_again(cut):
+    from fastwarc.stream_io import GzipReader
+
+    from tasks.ingest.compression import VerifiedGzip
+
+    data = gzip.compress(b"".join(gzip.decompress(m) for m in _big_members(40)), mtime=0)
+    data = data[: len(data) - cut]
+    source = VerifiedGzip(GzipReader(io.BytesIO(data)))
+    assert sum(len(chunk) for chunk in source) > 1 << 20
+    raw = CountingFile(data)
+    assert source.ends_complete(raw) is (cut == 0)
+    assert raw.bytes_read == (8 if cut == 0 else 8 + len(data))  # a cut trailer: zlib inflates it to be sure
 
 
 @pytest.mark.parametrize("case", list(BIG_GZIP_CASES))
