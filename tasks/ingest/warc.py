@@ -92,8 +92,9 @@ def _read_fast_gzip(url: str, cfg: ReaderConfig, stats: Stats, record_type: str)
     FastWARC's reader raises on corrupt data but passes a truncated file silently, and what it
     gave out before a corrupt member's checksum failed may be wrong. So a record is given out (its
     document yielded, its counts added) only once the reader has moved past every gzip member it
-    lies in (their checksums held), and the file's last member is inflated again by zlib to prove
-    it complete. At the first doubt (a corrupt member, an incomplete end, too much held back) the
+    lies in (their checksums held), and the file's last member is proven complete
+    (``VerifiedGzip.ends_complete``: a lone member by its trailer, else inflated again by zlib). At
+    the first doubt (a corrupt member, an incomplete end, too much held back) the
     records not given out are dropped uncounted and the caller reads on from the end of the last
     one given out, with smelt's decompression, so every fault is counted exactly as without FastWARC.
     """
