@@ -88,17 +88,20 @@ def _worker(rank: int, data_url: str, out_dir: str, layouts: dict[str, list[str]
 
 @pytest.mark.slow
 def test_fp8_under_fsdp_tensor_and_pipeline_parallel_trains_as_one_process_does(tmp_path):
-    """The reference accumulates two micro-batches of 4, the rows each of the 2 ranks holds, so
-    every FP8 scale (an amax over a whole tensor, reduced across shards) sees the same values."""
+    """The references accumulate two micro-batches of 4, the rows each of the 2 ranks holds, so
+    every FP8 scale (an amax over a whole tensor or row, reduced across shards) sees the same values."""
     corpus = make_corpus(str(tmp_path / "corpus"))
     with one_thread():
-        reference = run_layout(config(["data.micro_batch=4"]), corpus, str(tmp_path / "reference"))
+        references = {recipe: run_layout(config(["data.micro_batch=4", f"parallel.float8={recipe}"]), corpus,
+                                         str(tmp_path / f"reference-{recipe}")) for recipe in ("tensorwise", "rowwise")}
         full_precision = run_layout(config(["parallel.float8=none"]), corpus, str(tmp_path / "fp32"))
     layouts = {"dp_shard=2": ["parallel.dp_shard=2"],
                "tp=2": ["parallel.tp=2", "parallel.dp_shard=1", "data.micro_batch=4"],
-               "pp=2": ["parallel.pp=2", "parallel.dp_shard=1"]}  # two micro-batches of 4, one per stage
+               "pp=2": ["parallel.pp=2", "parallel.dp_shard=1"],  # two micro-batches of 4, one per stage
+               "dp_shard=2,rowwise": ["parallel.dp_shard=2", "parallel.float8=rowwise"]}
     run_ranks(2, _worker, corpus, str(tmp_path), layouts)
     for name in layouts:
+        reference = references["rowwise" if name.endswith("rowwise") else "tensorwise"]
         ranks = [torch.load(tmp_path / f"{name}.rank{r}.pt") for r in range(2)]
         merged = {}
         for result in ranks:
@@ -109,9 +112,11 @@ def test_fp8_under_fsdp_tensor_and_pipeline_parallel_trains_as_one_process_does(
                                        msg=lambda m: f"{name} {key}: {m}")
         torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(reference["losses"]),
                                    rtol=1e-4, atol=0)
-    assert reference["losses"] != full_precision["losses"]  # FP8 changed the numbers, within 2% of fp32
-    torch.testing.assert_close(torch.tensor(reference["losses"]), torch.tensor(full_precision["losses"]),
-                               rtol=0.02, atol=0)
+    for reference in references.values():  # FP8 changed the numbers, within 2% of fp32
+        assert reference["losses"] != full_precision["losses"]
+        torch.testing.assert_close(torch.tensor(reference["losses"]), torch.tensor(full_precision["losses"]),
+                                   rtol=0.02, atol=0)
+    assert references["rowwise"]["losses"] != references["tensorwise"]["losses"]
 
 
 def test_a_checkpoint_saved_under_fp8_resumes_without_it_with_the_same_weights(tmp_path):
