@@ -23,7 +23,8 @@ infra/validation.py). Attention (the score and value matmuls and softmax), the n
 output projection and the optimizer stay in bf16/fp32. The casts cost HBM traffic: each linear input
 (forward) and output gradient (backward) is read for its amax, read again and written as FP8 plus an
 FP8 transpose (6 bytes per element), and each weight is cast once per micro-batch. The sequence-parallel
-all-gathers before q/k/v and w1/w3 carry the FP8-cast input (1 byte).
+all-gathers before q/k/v and w1/w3 carry the FP8-cast input (1 byte) in Transformer Engine and under
+torchao's float8 TP plans (``fp8_tp_gathers``, the validation stacks); smelt's trainer gathers bf16.
 
 Context parallel (ring attention, as Transformer Engine and torch's context_parallel run it): each rank
 holds seq_len/cp tokens of every sequence, load-balanced for the causal mask, and passes its K and V around
@@ -73,6 +74,7 @@ class TimingAssumptions:
     cp_overlap: float = 0.90  # share of a layer's attention compute the ring exchange can hide behind
     fp8_speedup: float = FP8_SPEEDUP  # FP8 linear GEMM rate / bf16 GEMM rate
     gather_bytes: float = 2.0  # bytes per parameter FSDP all-gathers: bf16, or 1 with float8 all-gather
+    fp8_tp_gathers: bool = False  # FP8 runs' sequence-parallel all-gathers carry FP8 (TE, torchao's TP plans)
     attention: float = ATTENTION_RATE  # attention's rate (its kernels' FLOPs) relative to the GEMMs', FA2 at 16K
     attention_kernel: str = "fa2"  # fa2 (torch SDPA's flash backend, flash-attn 2) | cudnn (Transformer Engine)
     layer_overhead_s: float = 0.0  # seconds per layer and pass that do not scale with tokens (backward: 2)
@@ -270,7 +272,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
 
     activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation on this rank
     tp_collectives = 8 * layers + 4 * recomputed
-    if fp8:  # the forward all-gathers before q/k/v and w1/w3 carry the FP8-cast inputs (TE, torchao)
+    if fp8 and a.fp8_tp_gathers:  # the forward all-gathers before q/k/v and w1/w3 carry the FP8-cast inputs
         tp_collectives -= (2 * layers + 2 * recomputed) / 2
     collective = _ring(layout.tp) * activation / nvlink
     tp = _hidden(tp_collectives * collective, compute + recompute, layers, a.tp_overlap)

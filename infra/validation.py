@@ -382,7 +382,7 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
                                attention_kernel=stack.attention_kernel,
                                layer_overhead_s=constants[stack.overhead] / 1e3 if stack.overhead else 0.0,
                                gather_bytes=1.0 if run.fp8_all_gather else 2.0, loss_bytes=stack.loss_bytes,
-                               tp_overlap_kind=stack.tp_overlap_kind)
+                               tp_overlap_kind=stack.tp_overlap_kind, fp8_tp_gathers=True)
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes,
                                loss_parallel_logits_bytes=stack.loss_parallel_logits_bytes, grad_bytes=stack.grad_bytes,

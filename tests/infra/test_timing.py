@@ -205,3 +205,16 @@ def test_torchtitan_split_gives_the_middle_stages_the_remainder():
     assert split.max_params == 16 * split.params[1] // 16 == split.params[1]  # a middle rank holds the most
     with pytest.raises(ValueError, match="even, balanced, torchtitan"):
         split_stages(ModelShape(PRESETS["405b"], 8192), 8, style="uneven")
+
+
+def test_fp8_sequence_parallel_gathers_halve_only_the_forward_all_gathers_and_only_where_a_stack_sends_fp8():
+    """smelt's trainer gathers bf16 activations under FP8 (the planner's default); TE and torchao's float8
+    TP plans gather the FP8-cast inputs: 2 of the 8 TP collectives per layer at half the bytes."""
+    shape = ModelShape(PRESETS["70b"], 8192)
+    layout = Layout(tp=8, pp=1, dp_replicate=1, dp_shard=512, zero=3, micro_batch=1, precision="fp8")
+    bf16_gathers = step_time(shape, layout, gpu("h100"), 2048)
+    fp8_gathers = step_time(shape, layout, gpu("h100"), 2048, TimingAssumptions(fp8_tp_gathers=True))
+    assert fp8_gathers.tp_comm == pytest.approx(bf16_gathers.tp_comm * (8 - 2 / 2) / 8)
+    bf16 = dataclasses.replace(layout, precision="bf16")
+    assert step_time(shape, bf16, gpu("h100"), 2048, TimingAssumptions(fp8_tp_gathers=True)).tp_comm == \
+        step_time(shape, bf16, gpu("h100"), 2048).tp_comm
