@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 from tasks.datasets import normalize_url
 from tasks.model_config import PRESETS, ModelConfig, preset
-from tasks.train.float8 import FLOAT8_RECIPES
 
 # The option values the trainer implements; one home for the CLI, the planner and the trainer.
 PP_SCHEDULES = {"1F1B": 1, "Interleaved1F1B": 2, "ZBVZeroBubble": 2}  # schedule -> stages per pp rank
 AC_MODES = ("none", "selective", "full")
 MIXED_PRECISION = ("auto", "fp32", "bf16")
+FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")  # torchao Float8Linear recipes (tasks/train/float8.py)
 ASYNC_MODES = ("off", "thread", "process")
 
 

@@ -11,6 +11,7 @@ import os
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
@@ -34,7 +35,8 @@ def _live_storages() -> dict[int, int]:
     sizes = {}
     for obj in gc.get_objects():
         kind = type(obj)  # not isinstance: it reads __class__, which deprecated module proxies warn on
-        if issubclass(kind, torch.Tensor) and not issubclass(kind, DTensor) and not obj.is_meta:
+        # FakeTensors (a compiled graph's, kept by an earlier test's dynamo cache) have no storage to read
+        if issubclass(kind, torch.Tensor) and not issubclass(kind, (DTensor, FakeTensor)) and not obj.is_meta:
             storage = obj.untyped_storage()
             sizes[storage.data_ptr()] = storage.nbytes()
     return sizes
