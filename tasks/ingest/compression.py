@@ -23,6 +23,7 @@ from tasks.datasets import remote_options
 READ_CHUNK = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b\x08"
 GAP = None  # in a chunk stream: corrupt compressed data was skipped here
+MEMBER_END = object()  # in ``decompressed_chunks``: a gzip member ended here, its CRC and length held
 # Characters of documents a reader holds back (beyond one of the largest) until the gzip member they came
 # from has passed its checksum; past that, one huge member's documents go out before its end is checked.
 UNVERIFIED_HOLD_CHARS = 16 << 20
@@ -120,20 +121,22 @@ class ZstdReader(io.RawIOBase):
         return b"".join(out)
 
 
-def decompressed_chunks(url: str, raw: IO[bytes]) -> Iterator[bytes | None]:
-    """The uncompressed bytes of ``raw`` in chunks; a truncated gzip/zstd stream raises ``EOFError``."""
+def decompressed_chunks(url: str, raw: IO[bytes]) -> Iterator[bytes | object | None]:
+    """The uncompressed bytes of ``raw`` in chunks, with ``GAP`` and (gzip) ``MEMBER_END`` markers; a
+    truncated gzip/zstd stream raises ``EOFError``."""
     name = url.lower()
     if name.endswith(".gz"):
-        yield from gzip_members(raw)
+        yield from gzip_members(raw, member_ends=True)
         return
     stream = io.BufferedReader(ZstdReader(raw), buffer_size=READ_CHUNK) if name.endswith(".zst") else raw
     while chunk := stream.read(READ_CHUNK):
         yield chunk
 
 
-def gzip_members(raw: IO[bytes]) -> Iterator[bytes | None]:
+def gzip_members(raw: IO[bytes], member_ends: bool = False) -> Iterator[bytes | object | None]:
     """Decompress gzip member after member (a WARC holds one record per member). Corrupt data
-    yields ``GAP`` once, and decoding resumes at the next gzip header in the compressed bytes."""
+    yields ``GAP`` once, and decoding resumes at the next gzip header in the compressed bytes; with
+    ``member_ends``, ``MEMBER_END`` follows each member whose checksum held."""
     data, decoder, fresh, skipping = b"", None, False, False
     while True:
         if not data:
@@ -174,6 +177,8 @@ def gzip_members(raw: IO[bytes]) -> Iterator[bytes | None]:
             continue
         if decoder.eof:
             data, decoder, fresh = decoder.unused_data, None, True
+            if member_ends:
+                yield MEMBER_END
         else:
             data = b""
 

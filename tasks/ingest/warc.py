@@ -4,7 +4,8 @@
 Records are framed by smelt (``warc_framer``) and parsed by ``warc_records``. With
 ``reader.warc_engine = "fastwarc"`` a .gz archive is inflated by FastWARC's gzip reader, checked
 member by member (``_read_fast_gzip``); at any doubt smelt's own decompression reads on from the
-last record given out, so both engines count every fault alike.
+last record given out (``_read_framed``), so both engines count every fault alike. Either way a
+record from gzip data goes out only once its member's checksum has held.
 """
 
 from __future__ import annotations
@@ -52,11 +53,55 @@ def _read_archive(url: str, cfg: ReaderConfig, stats: Stats, record_type: str) -
         start = yield from _read_fast_gzip(url, cfg, stats, record_type)
         if start is None:
             return
+    yield from _read_framed(url, cfg, stats, record_type, start)
+
+
+def _read_framed(url: str, cfg: ReaderConfig, stats: Stats, record_type: str, start: int) -> Iterator[Document]:
+    """The records from ``start`` (those before it were given out already), through smelt's own
+    decompression. From gzip data a record is given out once every member it lies in has passed its
+    checksum (``WarcFramer.verified``; up to ``UNVERIFIED_HOLD_CHARS`` held); one that overlaps a
+    corrupt member's output is dropped, counted ``failed.read_unverified_record``. A record cut by a
+    truncation is given out as framed, and so is every record of a plain or zstd file."""
+    hold = url.lower().endswith(".gz")
     with _open_archive(url, cfg) as raw:
         framer = WarcFramer(decompressed_chunks(url, raw), cfg.max_payload_bytes + _HEAD_SLACK, compression_name(url), start)
-        for record in framer:  # from ``start``: the records before it were given out above
-            if (doc := _account(url, record, cfg, stats, record_type)) is not None:
-                yield doc
+        held: list[tuple[Framed, Document | None, Stats, list]] = []
+        held_text = 0
+        for record in framer:
+            counts, warnings = Stats(), []
+            doc = _account(url, record, cfg, counts, record_type, lambda *args: warnings.append(args))
+            held.append((record, doc, counts, warnings))
+            held_text += len(doc.text) if doc is not None else 0
+            while held:
+                record, doc, counts, warnings = held[0]
+                if record.failure is None and _in_corrupt_span(record, framer.corrupt_spans):
+                    _count_unverified(url, record, counts, stats)
+                elif (not hold or record.failure is not None or record.end + len(WARC_MAGIC) <= framer.verified
+                      or held_text > UNVERIFIED_HOLD_CHARS + cfg.max_payload_bytes):
+                    yield from _give_out(doc, counts, warnings, stats)
+                else:
+                    break
+                held.pop(0)
+                held_text -= len(doc.text) if doc is not None else 0
+        for record, doc, counts, warnings in held:  # the end: verified, or decoded before a truncation
+            if record.failure is None and _in_corrupt_span(record, framer.corrupt_spans):
+                _count_unverified(url, record, counts, stats)
+            else:
+                yield from _give_out(doc, counts, warnings, stats)
+
+
+def _in_corrupt_span(record: Framed, spans: list[tuple[int, int]]) -> bool:
+    return any(record.offset < gap and record.end > start for start, gap in spans)
+
+
+def _count_unverified(url: str, record: Framed, counts: Stats, stats: Stats) -> None:
+    """A record framed from a gzip member whose checksum then failed: never given out."""
+    if counts.get("in"):
+        stats.add("in")
+        stats.add("failed.read_unverified_record")
+        log.warning("%s: record at offset %d dropped: its gzip member failed its checksum", url, record.offset)
+    else:  # a request or metadata record: seen, and nothing of it is read
+        stats.add("other_records", counts.get("other_records", 0))
 
 
 def _open_archive(url: str, cfg: ReaderConfig) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from tasks.ingest.compression import GAP, READ_CHUNK
+from tasks.ingest.compression import GAP, MEMBER_END, READ_CHUNK
 
 
 _MAX_WARC_HEAD = 1 << 16
@@ -41,10 +41,13 @@ class WarcFramer:
     longer body is streamed past (and a ``WARC/1.`` header line inside it ends it as a lie).
     """
 
-    def __init__(self, chunks: Iterator[bytes | None], retain: int, compression: str, start: int = 0) -> None:
+    def __init__(self, chunks: Iterator[bytes | object | None], retain: int, compression: str, start: int = 0) -> None:
         self._chunks, self._retain, self.compression_name, self._start = chunks, retain, compression, start
         self._buf, self._base = bytearray(), 0  # _buf[0] is stream offset _base
         self._gaps: list[int] = []  # offsets where corrupt compressed data was skipped
+        # Gzip only: the bytes before ``verified`` lie in members whose checksums held; a corrupt member's
+        # output, from the end of the member before it to its gap, is a ``corrupt_span``.
+        self.verified, self.corrupt_spans = 0, []
         self._eof = self._truncated = self._truncation_counted = False
 
     # -- the byte window -------------------------------------------------------------------
@@ -59,7 +62,11 @@ class WarcFramer:
                 self._eof = self._truncated = True
             else:
                 if chunk is GAP:
-                    self._gaps.append(self._base + len(self._buf))
+                    self._gaps.append(self._end)
+                    self.corrupt_spans.append((self.verified, self._end))
+                    continue
+                if chunk is MEMBER_END:
+                    self.verified = self._end
                     continue
                 self._buf += chunk
                 return True

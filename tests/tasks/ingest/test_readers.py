@@ -298,6 +298,21 @@ def _stored_page_with_a_changed_byte() -> bytes:
     return bytes(member)
 
 
+def test_records_of_a_one_member_warc_gz_whose_checksum_fails_are_counted_never_given_out(tmp_path):
+    """A 1.4 MB member in stored blocks, a byte changed mid-way: it decodes, and only the CRC at its end
+    tells. Before records waited for their member's checksum, both engines gave out 30 records, one wrong."""
+    records = b"".join(gzip.decompress(m) for m in _big_members(40))
+    data = bytearray(gzip.compress(records, compresslevel=0, mtime=0))
+    data[len(data) // 2] ^= 0x01
+    path = tmp_path / "one-member.warc.gz"
+    path.write_bytes(bytes(data))
+    (smelt_docs, smelt_stats), (fastwarc_docs, fastwarc_stats) = _both_engines(path)
+    assert smelt_docs == fastwarc_docs == [] and dict(smelt_stats) == dict(fastwarc_stats)
+    faults = reason_counts(smelt_stats)
+    assert faults["failed.read_corrupt_gzip"] == 1 and faults["failed.read_unverified_record"] >= 20
+    assert smelt_stats["in"] == sum(faults.values())  # every record accounted for, none given out
+
+
 class CountingFile(io.BytesIO):
     def __init__(self, data: bytes):
         super().__init__(data)
