@@ -29,7 +29,7 @@ import torch
 
 from tasks import datasets
 from tasks.config import from_dict
-from tasks.train.config import TrainConfig
+from tasks.train.config import FLOAT8_RECIPES, TrainConfig
 from tasks.train.metrics import mfu
 from tasks.train.trainer import Trainer
 
@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5, help="steps not measured (compile, allocator)")
     parser.add_argument("--steps", type=int, default=15, help="measured steps")
     parser.add_argument("--ac", default="none", choices=["none", "full", "selective"], help="activation checkpointing")
-    parser.add_argument("--float8", default="none", choices=["none", "tensorwise", "rowwise"],
+    parser.add_argument("--float8", default="none", choices=FLOAT8_RECIPES,
                         help="the blocks' linear layers in FP8 (parallel.float8; MFU stays against the bf16 peak)")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU (a smoke test of this script)")

@@ -44,14 +44,21 @@ def open_input(url: str) -> Iterator[IO[bytes]]:
     """A binary stream of ``url``'s uncompressed bytes; truncated gzip/zstd raise ``EOFError``."""
     with fsspec.open(url, "rb", **remote_options(url)) as raw:
         name = url.lower()
-        if name.endswith(".gz"):  # not gzip.GzipFile: it drops the lines it had decoded when it meets a truncation
-            with io.BufferedReader(ChunkReader(gzip_members(raw)), buffer_size=READ_CHUNK) as stream:
+        if name.endswith(".gz"):
+            with checked_gzip(raw) as stream:
                 yield stream
         elif name.endswith(".zst"):
             with io.BufferedReader(ZstdReader(raw), buffer_size=READ_CHUNK) as stream:
                 yield stream
         else:
             yield raw
+
+
+def checked_gzip(raw: IO[bytes]) -> io.BufferedReader:
+    """``raw`` inflated member by member with every CRC and length checked: corrupt data raises
+    ``zlib.error``, a truncation ``EOFError`` (not gzip.GzipFile: it drops the lines it had decoded
+    when it meets a truncation; not tarfile's gzip stream: it checks no CRC)."""
+    return io.BufferedReader(ChunkReader(gzip_members(raw)), buffer_size=READ_CHUNK)
 
 
 class ChunkReader(io.RawIOBase):
@@ -207,8 +214,10 @@ class VerifiedGzip:
         A file that is one member is whole when its last 8 bytes are the gzip trailer of what was
         read (CRC-32 and length): checked without inflating it a second time. Otherwise, or when
         they differ, the last member is inflated again by zlib."""
-        if self._crc is not None and self._trailer_matches(raw):
-            return True
+        return (self._crc is not None and self._trailer_matches(raw)) or self.last_member_inflates_whole(raw)
+
+    def last_member_inflates_whole(self, raw: IO[bytes]) -> bool:
+        """Whether zlib inflates the last member, from its compressed offset, to the end of file."""
         try:
             raw.seek(self._reader.frame_start_position() or 0)
         except (OSError, ValueError):

@@ -72,22 +72,24 @@ def _read_framed(url: str, cfg: ReaderConfig, stats: Stats, record_type: str, st
             doc = _account(url, record, cfg, counts, record_type, lambda *args: warnings.append(args))
             held.append((record, doc, counts, warnings))
             held_text += len(doc.text) if doc is not None else 0
-            while held:
-                record, doc, counts, warnings = held[0]
-                if record.failure is None and _in_corrupt_span(record, framer.corrupt_spans):
-                    _count_unverified(url, record, counts, stats)
-                elif (not hold or record.failure is not None or record.end + len(WARC_MAGIC) <= framer.verified
-                      or held_text > UNVERIFIED_HOLD_CHARS + cfg.max_payload_bytes):
-                    yield from _give_out(doc, counts, warnings, stats)
-                else:
-                    break
-                held.pop(0)
-                held_text -= len(doc.text) if doc is not None else 0
-        for record, doc, counts, warnings in held:  # the end: verified, or decoded before a truncation
-            if record.failure is None and _in_corrupt_span(record, framer.corrupt_spans):
-                _count_unverified(url, record, counts, stats)
-            else:
-                yield from _give_out(doc, counts, warnings, stats)
+            while held and (not hold or held[0][0].failure is not None
+                            or _in_corrupt_span(held[0][0], framer.corrupt_spans)
+                            or held[0][0].end + len(WARC_MAGIC) <= framer.verified
+                            or held_text > UNVERIFIED_HOLD_CHARS + cfg.max_payload_bytes):
+                held_text -= len(held[0][1].text) if held[0][1] is not None else 0
+                yield from _settle(url, held.pop(0), framer.corrupt_spans, stats)
+        for entry in held:  # the end: verified, or decoded before a truncation
+            yield from _settle(url, entry, framer.corrupt_spans, stats)
+
+
+def _settle(url: str, entry: tuple[Framed, Document | None, Stats, list], corrupt_spans: list[tuple[int, int]],
+            stats: Stats) -> Iterator[Document]:
+    """A held record given out, or dropped and counted when it overlaps a corrupt member's output."""
+    record, doc, counts, warnings = entry
+    if record.failure is None and _in_corrupt_span(record, corrupt_spans):
+        _count_unverified(url, record, counts, stats)
+    else:
+        yield from _give_out(doc, counts, warnings, stats)
 
 
 def _in_corrupt_span(record: Framed, spans: list[tuple[int, int]]) -> bool:
@@ -160,7 +162,7 @@ def _read_fast_gzip(url: str, cfg: ReaderConfig, stats: Stats, record_type: str)
                     done, doc, counts, warnings = held.pop(0)
                     held_text -= len(doc.text) if doc is not None else 0
                     yield from _give_out(doc, counts, warnings, stats)
-                if held_text > UNVERIFIED_HOLD_CHARS + cfg.max_payload_bytes:  # one huge gzip member: nothing verified before its end
+                if held_text > UNVERIFIED_HOLD_CHARS + cfg.max_payload_bytes:  # one huge member: nothing verified
                     return done
             if not source.ends_complete(raw):
                 return done

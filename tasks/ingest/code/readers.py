@@ -28,7 +28,6 @@ raise so the work item is retried.
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import lzma
 import stat
@@ -42,7 +41,7 @@ import fsspec
 
 from tasks.datasets import Stats, filesystem, normalize_url, remote_options
 from tasks.ingest.base import Document, doc_id
-from tasks.ingest.compression import GZIP_MAGIC, READ_CHUNK, UNVERIFIED_HOLD_CHARS, ChunkReader, gzip_members
+from tasks.ingest.compression import GZIP_MAGIC, READ_CHUNK, UNVERIFIED_HOLD_CHARS, checked_gzip
 from tasks.ingest.code.config import CodeReaderConfig
 from tasks.ingest.readers import GLOB_CHARS, InputError, input_size, read_json_lines, read_parquet_rows
 
@@ -340,10 +339,9 @@ def read_tree(item: CodeInput, cfg: CodeReaderConfig, stats: Stats) -> Iterator[
 def read_tar(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document]:
     """Regular-file members of a tar archive (any of tar's compressions), streamed in order.
 
-    Gzip is inflated by ``gzip_members``, which checks each member's CRC and length (tarfile's own
-    gzip stream checks neither) and is read to its end after the last tar member. Documents are held
-    back (up to ``UNVERIFIED_HOLD_CHARS``) until that check: a .tar.gz is most often one gzip member, so its
-    checksum comes at its end. If the data proves corrupt, the held documents are counted
+    Gzip is inflated by ``checked_gzip`` (tarfile's own gzip stream checks no CRC) and read to its
+    end after the last tar member. Documents are held back (up to ``UNVERIFIED_HOLD_CHARS``) until
+    that check: a .tar.gz is most often one gzip member, so its checksum comes at its end. If the data proves corrupt, the held documents are counted
     ``failed.code_unverified_member``, not given out; a truncation gives them out (nothing after the
     cut can be checked). A missing end marker or a garbled header ends the archive with a counted
     fault, where tarfile would stop quietly (``_CheckedTarInfo``), so an archive cut between members
@@ -353,7 +351,7 @@ def read_tar(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document
     with fsspec.open(url, "rb", **remote_options(url)) as raw:
         gzipped = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
         raw.seek(0)
-        stream = io.BufferedReader(ChunkReader(gzip_members(raw)), READ_CHUNK) if gzipped else raw
+        stream = checked_gzip(raw) if gzipped else raw
         held: list[Document] = []
         held_chars = 0
         counts = Stats() if gzipped else stats  # the held documents' counts, added when they go out

@@ -129,7 +129,8 @@ def test_a_checkpoint_saved_under_fp8_resumes_without_it_with_the_same_weights(t
         saved = {k: v.clone() for k, v in trained.model_parts[0].state_dict().items()}
     finally:
         trained.close()
-    resumed = Trainer(config([*overrides, "steps=4", "parallel.float8=none"]), {"corpus": corpus}, str(tmp_path / "run"))
+    resumed = Trainer(config([*overrides, "steps=4", "parallel.float8=none"]), {"corpus": corpus},
+                      str(tmp_path / "run"))
     try:
         assert resumed.resumed_from == 2
         assert not any(isinstance(m, Float8Linear) for m in resumed.model_parts[0].modules())

@@ -67,8 +67,8 @@ def test_dry_run_prints_the_layout_as_json(tmp_path, capsys):
 
 def test_dry_run_reports_fp8_and_refuses_widths_fp8_matmuls_cannot_take(tmp_path, capsys, caplog):
     corpus = make_corpus(str(tmp_path / "corpus"), tokens=2000)
-    fp8 = ["--data", corpus, "--dry-run", "--nproc", "2", "--set", "parallel.float8=tensorwise", "--set", "parallel.tp=2",
-           "--set", "model_preset=tiny"]
+    fp8 = ["--data", corpus, "--dry-run", "--nproc", "2", "--set", "parallel.float8=tensorwise",
+           "--set", "parallel.tp=2", "--set", "model_preset=tiny"]
     assert main(fp8) == 0 and json.loads(capsys.readouterr().out)["float8"] == "tensorwise"
     assert main([*fp8, "--set", "model.ffn_hidden=200"]) == 2
     assert "model.ffn_hidden / parallel.tp = 100 is not a multiple of 16" in caplog.text + capsys.readouterr().err
