@@ -6,8 +6,10 @@ spent in that all-reduce, which every rank leaves together. The first step of a 
 (allocation, warm-up) is not timed. A slow rank arrives late and hardly waits; the others wait for it. Every
 ``every_steps`` steps all ranks all-gather their window sums (three floats each); rank 0 flags a
 rank whose mean compute exceeds the median of all ranks by more than ``margin`` (a fraction) for
-``consecutive_windows`` windows in a row. The median is not moved by one straggler among three or
-more ranks; with two ranks it is their mean, so a margin of 0.25 flags a rank 1.67× the other.
+``consecutive_windows`` windows in a row, once per run for a rank on a host (a window in which a
+noisy step hides it does not make it a new straggler when its streak starts again). The median is
+not moved by one straggler among three or more ranks; with two ranks it is their mean, so a margin
+of 0.25 flags a rank 1.67× the other.
 
 Limits: collectives inside the step (FSDP all-gathers, the gradient-norm all-reduce) also wait
 for the slowest rank, and that wait counts as compute for everyone; only the slowness after a
@@ -90,7 +92,9 @@ class StragglerDetector:
         if self.rank != 0:
             return {}
         self.windows.append({"step": step, "compute_s": compute, "wait_s": wait, "ratio": ratios, "slow": slow})
-        newly = [r for r in range(self.world_size) if self.streak[r] == self.cfg.consecutive_windows]
+        known = {(f["rank"], f["host"]) for f in self.flagged}  # a straggler is flagged once per run, not per streak
+        newly = [r for r in range(self.world_size)
+                 if self.streak[r] == self.cfg.consecutive_windows and (r, self.hosts[r]) not in known]
         for r in newly:
             self.flagged.append({"rank": r, "host": self.hosts[r], "step": step, "ratio": ratios[r],
                                  "windows": self.cfg.consecutive_windows})

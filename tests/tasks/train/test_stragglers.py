@@ -3,10 +3,13 @@ for real in tests/tasks/train/test_fault_tolerance.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tasks.train.config import StragglerConfig
 from tasks.train.stragglers import StragglerDetector, compare_to_median
+from tests.tasks.train.ranks import run_ranks
 
 
 def test_one_slow_rank_among_many_is_flagged_against_the_median():
@@ -29,3 +32,21 @@ def test_a_single_rank_has_no_one_to_be_slower_than(tmp_path):
 def test_a_margin_must_be_positive():
     with pytest.raises(ValueError, match="margin > 0"):
         StragglerConfig(margin=0)
+
+
+def _streaks_worker(rank: int, run_dir: str) -> None:
+    detector = StragglerDetector(StragglerConfig(every_steps=1, consecutive_windows=2), run_dir, rank=rank,
+                                 world_size=2)
+    detector.observe(1.0, 0.0)  # the untimed first step
+    for window, slow in enumerate([True, True, False, True, True, True], start=1):
+        detector.observe(3.0 if rank == 1 and slow else 1.0, 0.0)
+        detector.maybe_check(window)
+
+
+def test_a_straggler_whose_streak_breaks_and_starts_again_is_flagged_once(tmp_path):
+    """One window in which the slow rank did not show used to flag it a second time when its streak came
+    back (test_fault_tolerance.py's 2-rank run met one under load: rank 1 flagged twice)."""
+    run_ranks(2, _streaks_worker, str(tmp_path))
+    report = json.loads((tmp_path / "stragglers.json").read_text())
+    assert [(f["rank"], f["step"]) for f in report["flagged"]] == [(1, 2)]
+    assert [w["slow"] for w in report["windows"]] == [[1], [1], [], [1], [1], [1]]
