@@ -1,18 +1,22 @@
 """Streaming decompression of crawl files that notices what Python's and warcio's readers pass silently.
 
-A truncated gzip or zstd stream raises ``EOFError`` after every byte decoded before the cut; a
-corrupt gzip member is skipped (``GAP`` in the chunk stream) and decoding resumes at the next
-member header, so the WARC framer can count the records lost with it. Output is capped per call,
-so one record never sits in memory whole.
+A truncated gzip, bz2, xz or zstd stream raises ``EOFError`` after every byte decoded before the cut;
+corrupt data shows as ``GAP`` in a chunk stream (``CorruptData`` from a file-like one). After a corrupt
+gzip member decoding resumes at the next member header, so the WARC framer can count the records lost
+with it. ``MEMBER_END`` marks where a gzip member or zstd frame ended with its checksum held, so readers
+can hold documents until the data they came from is verified. Output is capped per call (zstd: per
+input chunk), so one record never sits in memory whole.
 """
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import io
+import lzma
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import fsspec
@@ -23,14 +27,15 @@ from tasks.datasets import remote_options
 READ_CHUNK = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b\x08"
 GAP = None  # in a chunk stream: corrupt compressed data was skipped here
-MEMBER_END = object()  # in ``decompressed_chunks``: a gzip member ended here, its CRC and length held
+MEMBER_END = object()  # in a chunk stream: a gzip member or zstd frame ended here, its checksum held
 # Characters of documents a reader holds back (beyond one of the largest) until the gzip member they came
 # from has passed its checksum; past that, one huge member's documents go out before its end is checked.
 UNVERIFIED_HOLD_CHARS = 16 << 20
 
 
 def is_compressed(url: str) -> bool:
-    """Whether ``open_input`` inflates ``url`` (named .gz or .zst), so checksums come after the data."""
+    """Whether ``open_input`` and ``decompressed_chunks`` inflate ``url`` (named .gz or .zst), so
+    checksums come after the data."""
     return url.lower().endswith((".gz", ".zst"))
 
 
@@ -39,31 +44,44 @@ def compression_name(url: str) -> str:
     return "zstd" if url.lower().endswith(".zst") else "gzip"
 
 
+class CorruptData(Exception):
+    """Compressed data that does not decode, or fails its checksum."""
+
+
+# The first bytes of each stream format that smelt inflates itself (tarfile's own gzip stream checks no
+# CRC, and no format's trailer is read when tarfile stops at the archive's end marker).
+STREAM_MAGIC = {"gzip": GZIP_MAGIC, "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
+
+
+def sniff_compression(raw: IO[bytes]) -> str | None:
+    """The stream format ``raw`` starts with (a key of ``STREAM_MAGIC``), or None; ``raw`` is rewound."""
+    head = raw.read(max(len(magic) for magic in STREAM_MAGIC.values()))
+    raw.seek(0)
+    return next((kind for kind, magic in STREAM_MAGIC.items() if head.startswith(magic)), None)
+
+
 @contextlib.contextmanager
 def open_input(url: str) -> Iterator[IO[bytes]]:
-    """A binary stream of ``url``'s uncompressed bytes; truncated gzip/zstd raise ``EOFError``."""
+    """A binary stream of ``url``'s uncompressed bytes (``checked_stream`` when ``is_compressed``)."""
     with fsspec.open(url, "rb", **remote_options(url)) as raw:
-        name = url.lower()
-        if name.endswith(".gz"):
-            with checked_gzip(raw) as stream:
-                yield stream
-        elif name.endswith(".zst"):
-            with io.BufferedReader(ZstdReader(raw), buffer_size=READ_CHUNK) as stream:
+        if is_compressed(url):
+            with checked_stream(raw, compression_name(url)) as stream:
                 yield stream
         else:
             yield raw
 
 
-def checked_gzip(raw: IO[bytes]) -> io.BufferedReader:
-    """``raw`` inflated member by member with every CRC and length checked: corrupt data raises
-    ``zlib.error``, a truncation ``EOFError`` (not gzip.GzipFile: it drops the lines it had decoded
-    when it meets a truncation; not tarfile's gzip stream: it checks no CRC)."""
-    return io.BufferedReader(ChunkReader(gzip_members(raw)), buffer_size=READ_CHUNK)
+def checked_stream(raw: IO[bytes], kind: str) -> io.BufferedReader:
+    """``raw`` inflated (``kind``: gzip, bz2, xz or zstd) stream after stream, each to its end with its
+    checksum checked: corrupt data raises ``CorruptData``, a truncation ``EOFError`` after every byte
+    decoded before it (not gzip.GzipFile: it drops the lines it had decoded when it meets a truncation;
+    not zstandard's stream_reader: it passes a truncation; not tarfile's streams: gzip's checks no CRC,
+    and none reads past the tar end marker to its stream's trailer)."""
+    return io.BufferedReader(ChunkReader(frames(raw, kind)), buffer_size=READ_CHUNK)
 
 
 class ChunkReader(io.RawIOBase):
-    """A binary stream over ``gzip_members``: corrupt data raises ``zlib.error`` where it starts,
-    truncation raises ``EOFError`` after every byte decoded before it."""
+    """A binary stream over decoded chunks: ``GAP`` raises ``CorruptData``."""
 
     def __init__(self, chunks: Iterator[bytes | None]):
         self._chunks, self._out = chunks, memoryview(b"")
@@ -75,7 +93,7 @@ class ChunkReader(io.RawIOBase):
         while not self._out:
             chunk = next(self._chunks, b"")
             if chunk is GAP:
-                raise zlib.error("corrupt gzip data")
+                raise CorruptData("corrupt compressed data")
             if not chunk:
                 return 0
             self._out = memoryview(chunk)
@@ -85,109 +103,110 @@ class ChunkReader(io.RawIOBase):
         return n
 
 
-class ZstdReader(io.RawIOBase):
-    """Streaming zstd decompression that, unlike ``zstandard.stream_reader``, notices truncation.
-
-    Frames are decoded one after another (``zstd`` concatenates them); input that ends inside a
-    frame raises ``EOFError`` like Python's gzip reader does.
-    """
-
-    def __init__(self, raw: IO[bytes]):
-        import zstandard
-
-        self._raw = raw
-        self._new = zstandard.ZstdDecompressor().decompressobj
-        self._frame = self._new()
-        self._in_frame = False
-        self._out = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._out:
-            chunk = self._raw.read(READ_CHUNK)
-            if not chunk:
-                if self._in_frame:
-                    raise EOFError("zstd stream ended inside a frame (truncated file)")
-                return 0
-            self._out = memoryview(self._decompress(chunk))
-        n = min(len(buffer), len(self._out))
-        buffer[:n] = self._out[:n]
-        self._out = self._out[n:]
-        return n
-
-    def _decompress(self, chunk: bytes) -> bytes:
-        out = []
-        while chunk:
-            self._in_frame = True
-            out.append(self._frame.decompress(chunk))
-            chunk = b""
-            if self._frame.eof:  # the frame ended inside this chunk: the rest starts the next frame
-                chunk, self._frame, self._in_frame = self._frame.unused_data, self._new(), False
-        return b"".join(out)
-
-
 def decompressed_chunks(url: str, raw: IO[bytes]) -> Iterator[bytes | object | None]:
-    """The uncompressed bytes of ``raw`` in chunks, with ``GAP`` and (gzip) ``MEMBER_END`` markers; a
-    truncated gzip/zstd stream raises ``EOFError``."""
-    name = url.lower()
-    if name.endswith(".gz"):
-        yield from gzip_members(raw, member_ends=True)
-        return
-    stream = io.BufferedReader(ZstdReader(raw), buffer_size=READ_CHUNK) if name.endswith(".zst") else raw
-    while chunk := stream.read(READ_CHUNK):
-        yield chunk
+    """The uncompressed bytes of ``raw`` in chunks, with ``GAP`` and ``MEMBER_END`` markers when it is
+    compressed (``is_compressed``); a truncated gzip/zstd stream raises ``EOFError``."""
+    if is_compressed(url):
+        yield from frames(raw, compression_name(url), frame_ends=True)
+    else:
+        while chunk := raw.read(READ_CHUNK):
+            yield chunk
 
 
-def gzip_members(raw: IO[bytes], member_ends: bool = False) -> Iterator[bytes | object | None]:
-    """Decompress gzip member after member (a WARC holds one record per member). Corrupt data
-    yields ``GAP`` once, and decoding resumes at the next gzip header in the compressed bytes; with
-    ``member_ends``, ``MEMBER_END`` follows each member whose checksum held."""
+def frames(raw: IO[bytes], kind: str, frame_ends: bool = False) -> Iterator[bytes | object | None]:
+    """Decompress ``raw`` (``kind``: gzip, bz2, xz or zstd) member after member (frame after frame; a WARC
+    holds one record per member). Corrupt data yields ``GAP`` once, and decoding resumes at the next
+    member's magic in the compressed bytes; input that ends inside a member raises ``EOFError``; with
+    ``frame_ends``, ``MEMBER_END`` follows each member whose checksum held. xz's stream padding (zero
+    bytes between and after streams) is passed over. A zstd frame written without a checksum
+    (zstandard's default; the zstd tool writes one) is only as good as its decoding."""
+    magic, new, inflate, errors = _codec(kind)
     data, decoder, fresh, skipping = b"", None, False, False
     while True:
+        if decoder is None and kind == "xz":
+            data = data.lstrip(b"\0")
         if not data:
             data = raw.read(READ_CHUNK)
             if not data:
                 if decoder is not None:
-                    raise EOFError("gzip stream ended inside a member (truncated file)")
+                    raise EOFError(f"{kind} stream ended inside a member (truncated file)")
                 return
             fresh = decoder is None
         if decoder is None:
-            decoder = zlib.decompressobj(31)
+            decoder = new()
         try:
-            out = decoder.decompress(data, READ_CHUNK)
-            while True:  # output is capped per call, so one record never sits in memory whole
-                if out:
-                    skipping = False
-                    yield out
-                if decoder.eof:
-                    break
-                if decoder.unconsumed_tail:
-                    out = decoder.decompress(decoder.unconsumed_tail, READ_CHUNK)
-                elif len(out) == READ_CHUNK:  # input used up, output may still be pending
-                    out = decoder.decompress(b"", READ_CHUNK)
-                else:
-                    break
-        except zlib.error:
+            for out in inflate(decoder, data):
+                skipping = False
+                yield out
+        except errors:
             if not skipping:
                 skipping = True
                 yield GAP
-            at = data.find(GZIP_MAGIC, 1 if fresh else 0)
-            while at < 0:  # read on until the next member header
+            at = data.find(magic, 1 if fresh else 0)
+            while at < 0:  # read on until the next member's magic
                 more = raw.read(READ_CHUNK)
                 if not more:
                     return
-                data = data[-2:] + more
-                at = data.find(GZIP_MAGIC)
+                data = data[1 - len(magic):] + more
+                at = data.find(magic)
             data, decoder, fresh = data[at:], None, True
             continue
         if decoder.eof:
             data, decoder, fresh = decoder.unused_data, None, True
-            if member_ends:
+            if frame_ends:
                 yield MEMBER_END
         else:
             data = b""
+
+
+def _inflate_zlib(decoder: Any, data: bytes) -> Iterator[bytes]:
+    """``data`` through a zlib decoder, output capped per call (one record never sits in memory whole)."""
+    out = decoder.decompress(data, READ_CHUNK)
+    while True:
+        if out:
+            yield out
+        if decoder.eof:
+            return
+        if decoder.unconsumed_tail:
+            out = decoder.decompress(decoder.unconsumed_tail, READ_CHUNK)
+        elif len(out) == READ_CHUNK:  # input used up, output may still be pending
+            out = decoder.decompress(b"", READ_CHUNK)
+        else:
+            return
+
+
+def _inflate_buffered(decoder: Any, data: bytes) -> Iterator[bytes]:
+    """``data`` through a bz2 or lzma decoder (which buffers unread input itself), output capped per call."""
+    out = decoder.decompress(data, READ_CHUNK)
+    while True:
+        if out:
+            yield out
+        if decoder.eof or decoder.needs_input:
+            return
+        out = decoder.decompress(b"", READ_CHUNK)
+
+
+def _inflate_zstd(decoder: Any, data: bytes) -> Iterator[bytes]:
+    if out := decoder.decompress(data):  # zstandard's decompressobj takes no output cap
+        yield out
+
+
+Codec = tuple[bytes, Callable[[], Any], Callable[[Any, bytes], Iterator[bytes]], tuple[type[Exception], ...]]
+
+
+def _codec(kind: str) -> Codec:
+    """Magic, decoder factory, inflate function and decoding errors of a stream format."""
+    if kind == "gzip":
+        return GZIP_MAGIC, lambda: zlib.decompressobj(31), _inflate_zlib, (zlib.error,)
+    if kind == "bz2":  # bz2 reports bad data as OSError("Invalid data stream")
+        return STREAM_MAGIC[kind], bz2.BZ2Decompressor, _inflate_buffered, (OSError,)
+    if kind == "xz":
+        return STREAM_MAGIC[kind], lzma.LZMADecompressor, _inflate_buffered, (lzma.LZMAError,)
+    if kind == "zstd":
+        import zstandard  # imported when a zstd file is read, not for every format
+
+        return STREAM_MAGIC[kind], zstandard.ZstdDecompressor().decompressobj, _inflate_zstd, (zstandard.ZstdError,)
+    raise ValueError(f"unknown compression {kind!r}")
 
 
 class VerifiedGzip:

@@ -18,16 +18,15 @@ Data faults are counted and skipped, never raised (DESIGN.md §3). Counters:
 ``out`` (documents yielded), ``other_records`` (WARC request/metadata/… records),
 ``decoded_with_replacements`` (pages kept with a few undecodable bytes replaced),
 ``dropped.read_{non_html,http_status,empty,too_large,undecodable}``,
-``failed.read_{truncated_gzip,truncated_zstd,corrupt_file,bad_record,unverified_record}``, ``bytes_in``.
+``failed.read_{truncated_gzip,truncated_zstd,corrupt_gzip,corrupt_zstd,corrupt_file,bad_record,unverified_record}``,
+``bytes_in``.
 Network and permission errors are not data faults: they raise, so the work item is retried.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
@@ -35,7 +34,8 @@ import fsspec
 
 from tasks.datasets import Stats, filesystem, normalize_url, remote_options
 from tasks.ingest.base import Document, doc_id
-from tasks.ingest.compression import READ_CHUNK, UNVERIFIED_HOLD_CHARS, compression_name, is_compressed, open_input
+from tasks.ingest.compression import (READ_CHUNK, UNVERIFIED_HOLD_CHARS, CorruptData, compression_name, is_compressed,
+                                      open_input)
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.warc import read_warc, read_wet
 
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 # Longest suffix first: ".warc.wet.gz" is WET, not WARC.
 FORMAT_SUFFIXES: tuple[tuple[str, str], ...] = (
     (".warc.wet.gz", "wet"), (".wet.gz", "wet"), (".wet", "wet"),
-    (".warc.gz", "warc"), (".warc", "warc"),
+    (".warc.gz", "warc"), (".warc.zst", "warc"), (".warc", "warc"),
     (".jsonl.gz", "jsonl"), (".jsonl.zst", "jsonl"), (".jsonl", "jsonl"),
     (".json.gz", "jsonl"), (".ndjson", "jsonl"),
     (".parquet", "parquet"),
@@ -191,9 +191,7 @@ def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str,
             stats.add("in")
             stats.add(f"failed.{truncated}")
             log.warning("%s: file is truncated after line %d", url, line_no)
-        except Exception as e:  # zlib, gzip, or zstandard.ZstdError, without importing zstandard for every format
-            if not isinstance(e, (gzip.BadGzipFile, zlib.error)) and type(e).__name__ != "ZstdError":
-                raise
+        except CorruptData as e:
             stats.add("in", 1 + len(held))
             stats.add(f"failed.{prefix}_corrupt_file")
             stats.add(f"failed.{prefix}_unverified_record", len(held))

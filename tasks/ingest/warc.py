@@ -5,7 +5,7 @@ Records are framed by smelt (``warc_framer``) and parsed by ``warc_records``. Wi
 ``reader.warc_engine = "fastwarc"`` a .gz archive is inflated by FastWARC's gzip reader, checked
 member by member (``_read_fast_gzip``); at any doubt smelt's own decompression reads on from the
 last record given out (``_read_framed``), so both engines count every fault alike. Either way a
-record from gzip data goes out only once its member's checksum has held.
+record from gzip or zstd data goes out only once its member's (frame's) checksum has held.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import fsspec
 
 from tasks.datasets import Stats, remote_options
 from tasks.ingest.base import Document
-from tasks.ingest.compression import UNVERIFIED_HOLD_CHARS, VerifiedGzip, compression_name, decompressed_chunks
+from tasks.ingest.compression import (UNVERIFIED_HOLD_CHARS, VerifiedGzip, compression_name, decompressed_chunks,
+                                      is_compressed)
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.warc_framer import WARC_MAGIC, Framed, WarcFramer
 from tasks.ingest.warc_records import framed_document
@@ -58,11 +59,11 @@ def _read_archive(url: str, cfg: ReaderConfig, stats: Stats, record_type: str) -
 
 def _read_framed(url: str, cfg: ReaderConfig, stats: Stats, record_type: str, start: int) -> Iterator[Document]:
     """The records from ``start`` (those before it were given out already), through smelt's own
-    decompression. From gzip data a record is given out once every member it lies in has passed its
-    checksum (``WarcFramer.verified``; up to ``UNVERIFIED_HOLD_CHARS`` held); one that overlaps a
-    corrupt member's output is dropped, counted ``failed.read_unverified_record``. A record cut by a
-    truncation is given out as framed, and so is every record of a plain or zstd file."""
-    hold = url.lower().endswith(".gz")
+    decompression. From gzip or zstd data a record is given out once every member (frame) it lies in
+    has passed its checksum (``WarcFramer.verified``; up to ``UNVERIFIED_HOLD_CHARS`` held); one that
+    overlaps a corrupt member's output is dropped, counted ``failed.read_unverified_record``. A record
+    cut by a truncation is given out as framed, and so is every record of a plain file."""
+    hold = is_compressed(url)
     with _open_archive(url, cfg) as raw:
         framer = WarcFramer(decompressed_chunks(url, raw), cfg.max_payload_bytes + _HEAD_SLACK, compression_name(url), start)
         held: list[tuple[Framed, Document | None, Stats, list]] = []
@@ -97,11 +98,11 @@ def _in_corrupt_span(record: Framed, spans: list[tuple[int, int]]) -> bool:
 
 
 def _count_unverified(url: str, record: Framed, counts: Stats, stats: Stats) -> None:
-    """A record framed from a gzip member whose checksum then failed: never given out."""
+    """A record framed from a gzip member or zstd frame whose checksum then failed: never given out."""
     if counts.get("in"):
         stats.add("in")
         stats.add("failed.read_unverified_record")
-        log.warning("%s: record at offset %d dropped: its gzip member failed its checksum", url, record.offset)
+        log.warning("%s: record at offset %d dropped: its compressed data failed its checksum", url, record.offset)
     else:  # a request or metadata record: seen, and nothing of it is read
         stats.add("other_records", counts.get("other_records", 0))
 

@@ -45,8 +45,9 @@ class WarcFramer:
         self._chunks, self._retain, self.compression_name, self._start = chunks, retain, compression, start
         self._buf, self._base = bytearray(), 0  # _buf[0] is stream offset _base
         self._gaps: list[int] = []  # offsets where corrupt compressed data was skipped
-        # Gzip only: the bytes before ``verified`` lie in members whose checksums held; a corrupt member's
-        # output, from the end of the member before it to its gap, is a ``corrupt_span``.
+        # Compressed data only: the bytes before ``verified`` lie in members (gzip) or frames (zstd) whose
+        # checksums held; a corrupt member's output, from the end of the member before it to its gap, is
+        # a ``corrupt_span``.
         self.verified, self.corrupt_spans = 0, []
         self._eof = self._truncated = self._truncation_counted = False
 
@@ -125,7 +126,7 @@ class WarcFramer:
             while self._have(pos + 1) and self._buf[pos - self._base] in b"\r\n":
                 pos += 1
             while self._gaps and self._gaps[0] <= pos:  # whole members lost before this record
-                yield Framed(self._gaps.pop(0), failure="corrupt_gzip", end=pos)
+                yield Framed(self._gaps.pop(0), failure=f"corrupt_{self.compression_name}", end=pos)
             if not self._have(pos + 1):
                 if self._truncated and not self._truncation_counted:
                     yield Framed(pos, failure=f"truncated_{self.compression_name}", end=pos)
@@ -140,7 +141,7 @@ class WarcFramer:
         if inside:  # the record's bytes run across skipped corrupt data
             self._gaps = [g for g in self._gaps if g > inside[0]]
             resume = self._next_record(inside[0], boundary=True)
-            return Framed(start, failure="corrupt_gzip"), resume if resume >= 0 else self._end
+            return Framed(start, failure=f"corrupt_{self.compression_name}"), resume if resume >= 0 else self._end
         return record, end
 
     def _fail(self, start: int, reason: str, resume_from: int) -> tuple[Framed, int]:

@@ -2,10 +2,10 @@
 
 Inputs: JSONL (optionally .gz/.zst) and Parquet files of source-file records (``repo``, ``path``,
 ``content``, optional ``license``, ``url``; field names in config), tar archives (.tar, .tar.gz,
-.tgz, .tar.bz2, .tar.xz) and zip archives of repositories, read member by member, and plain folder
-trees (a local checkout), listed once and split into chunks of files. A tar archive is streamed
-(no seeking), so one member at a time is in memory, and its gzip and tar framing are checked to
-their ends; a zip archive is read through its central directory, which fsspec serves with range
+.tgz, .tar.bz2, .tar.xz, .tar.zst) and zip archives of repositories, read member by member, and plain
+folder trees (a local checkout), listed once and split into chunks of files. A tar archive is streamed
+(no seeking), so one member at a time is in memory, and its compression and tar framing are checked
+to their ends; a zip archive is read through its central directory, which fsspec serves with range
 requests on remote stores.
 
 Each file is checked the same way whatever its container: over ``max_file_bytes`` it is skipped
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import lzma
 import stat
 import tarfile
 import zipfile
@@ -41,7 +40,8 @@ import fsspec
 
 from tasks.datasets import Stats, filesystem, normalize_url, remote_options
 from tasks.ingest.base import Document, doc_id
-from tasks.ingest.compression import GZIP_MAGIC, READ_CHUNK, UNVERIFIED_HOLD_CHARS, checked_gzip
+from tasks.ingest.compression import (READ_CHUNK, UNVERIFIED_HOLD_CHARS, CorruptData, checked_stream,
+                                      sniff_compression)
 from tasks.ingest.code.config import CodeReaderConfig
 from tasks.ingest.readers import GLOB_CHARS, InputError, input_size, read_json_lines, read_parquet_rows
 
@@ -53,7 +53,7 @@ CODE_SUFFIXES: tuple[tuple[str, str], ...] = (
     (".json.gz", "jsonl"), (".ndjson", "jsonl"),
     (".parquet", "parquet"),
     (".tar.gz", "tar"), (".tgz", "tar"), (".tar.bz2", "tar"), (".tbz2", "tar"), (".tar.xz", "tar"),
-    (".txz", "tar"), (".tar", "tar"),
+    (".txz", "tar"), (".tar.zst", "tar"), (".tzst", "tar"), (".tar", "tar"),
     (".zip", "zip"),
 )
 TREE = "tree"
@@ -337,27 +337,27 @@ def read_tree(item: CodeInput, cfg: CodeReaderConfig, stats: Stats) -> Iterator[
 
 
 def read_tar(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document]:
-    """Regular-file members of a tar archive (any of tar's compressions), streamed in order.
+    """Regular-file members of a tar archive, plain or compressed (gzip, bz2, xz, zstd), streamed in order.
 
-    Gzip is inflated by ``checked_gzip`` (tarfile's own gzip stream checks no CRC) and read to its
-    end after the last tar member. Documents are held back (up to ``UNVERIFIED_HOLD_CHARS``) until
-    that check: a .tar.gz is most often one gzip member, so its checksum comes at its end. If the data proves corrupt, the held documents are counted
-    ``failed.code_unverified_member``, not given out; a truncation gives them out (nothing after the
-    cut can be checked). A missing end marker or a garbled header ends the archive with a counted
-    fault, where tarfile would stop quietly (``_CheckedTarInfo``), so an archive cut between members
-    is never taken as whole.
+    Compressed data is inflated by ``checked_stream``, not by tarfile (its gzip stream checks no CRC, and
+    it stops at the tar end marker, before any format's trailer), and read to its end after the last
+    member. Documents are held back (up to ``UNVERIFIED_HOLD_CHARS``) until that check: an archive is most
+    often one compressed stream, so its checksum comes at its end. If the data proves corrupt, the held
+    documents are counted ``failed.code_unverified_member``, not given out; a truncation gives them out
+    (nothing after the cut can be checked). A missing end marker or a garbled header ends the archive
+    with a counted fault, where tarfile would stop quietly (``_CheckedTarInfo``), so an archive cut
+    between members is never taken as whole.
     """
     repo = archive_repo(url)
     with fsspec.open(url, "rb", **remote_options(url)) as raw:
-        gzipped = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
-        raw.seek(0)
-        stream = checked_gzip(raw) if gzipped else raw
+        kind = sniff_compression(raw)
+        stream = checked_stream(raw, kind) if kind else raw
         held: list[Document] = []
         held_chars = 0
-        counts = Stats() if gzipped else stats  # the held documents' counts, added when they go out
+        counts = Stats() if kind else stats  # the held documents' counts, added when they go out
         checks = _SourceChecks(cfg, counts)
         try:
-            with tarfile.open(fileobj=stream, mode="r|" if gzipped else "r|*", tarinfo=_CheckedTarInfo) as archive:
+            with tarfile.open(fileobj=stream, mode="r|", tarinfo=_CheckedTarInfo) as archive:
                 while (member := archive.next()) is not None:
                     archive.members.clear()  # a stream needs no index; it would grow with the member count
                     if member.isdir():
@@ -373,12 +373,12 @@ def read_tar(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document
                     if (text := checks.decode(data)) is not None:
                         held.append(checks.document(text, repo, path, f"{url}#{path}"))
                         held_chars += len(text) + 512  # and a Document's own objects, about 450 bytes
-                    if not gzipped or held_chars > UNVERIFIED_HOLD_CHARS + cfg.max_file_bytes:
+                    if not kind or held_chars > UNVERIFIED_HOLD_CHARS + cfg.max_file_bytes:
                         yield from _give_out(held, counts, stats)
                         held_chars = 0
-                while gzipped and stream.read(READ_CHUNK):  # the rest of the gzip data, for its checksums
+                while kind and stream.read(READ_CHUNK):  # the rest of the compressed data, for its checksums
                     pass
-        except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as e:
+        except (tarfile.TarError, EOFError, CorruptData) as e:
             truncated = isinstance(e, EOFError) or "unexpected end" in str(e)
             stats.add(f"failed.code_{'truncated' if truncated else 'corrupt'}_file")
             log.warning("%s: unreadable tar data, skipping the rest of the archive: %s", url, e)
@@ -386,7 +386,7 @@ def read_tar(url: str, cfg: CodeReaderConfig, stats: Stats) -> Iterator[Document
                 counts.add("out", -len(held))
                 counts.add("failed.code_unverified_member", len(held))
                 held.clear()
-        if gzipped:
+        if kind:
             yield from _give_out(held, counts, stats)
 
 

@@ -313,6 +313,47 @@ def test_records_of_a_one_member_warc_gz_whose_checksum_fails_are_counted_never_
     assert smelt_stats["in"] == sum(faults.values())  # every record accounted for, none given out
 
 
+def test_a_zstd_warc_with_a_frame_per_record_loses_only_a_corrupt_frames_record(tmp_path, warc_engine):
+    """The zstd WARC layout: one frame per record, each with a checksum. A changed byte in the middle
+    frame raised zstandard's error out of the reader, and the file failed; now its record is counted and
+    decoding resumes at the next frame's magic. Every position of that frame is tried."""
+    compress = zstandard.ZstdCompressor(write_checksum=True).compress
+    records = english_warc(0, 5)
+    frames = [compress(r) for r in records]
+    data = b"".join(frames)
+    path = tmp_path / "crawl.warc.zst"
+    docs, stats = read(write(path, data), warc_engine=warc_engine)
+    clean = [d.text for d in docs]
+    assert len(clean) == 5 and reason_counts(stats) == {}
+    start = len(frames[0]) + len(frames[1])
+    for at in range(start, start + len(frames[2])):
+        flipped = bytearray(data)
+        flipped[at] ^= 0x04
+        docs, stats = read(write(path, bytes(flipped)), warc_engine=warc_engine)
+        if reason_counts(stats):  # the record lost; or, the checksum flag cleared, the checksum read as junk
+            assert [d.text for d in docs] in (clean[:2] + clean[3:], clean), at
+            assert reason_counts(stats) == {"failed.read_corrupt_zstd": 1}, at
+        else:  # a bit no decoder reads (in the frame header's reserved or unused fields)
+            assert [d.text for d in docs] == clean, at
+
+
+def test_records_of_a_one_frame_warc_zst_whose_checksum_fails_are_counted_never_given_out(tmp_path, warc_engine):
+    """Pages with 40 KB of random hex each, so the frame is over one read chunk and its records are framed
+    before its checksum, at its end, is checked."""
+    rng = random.Random(7)
+    pages = [article_page(f"Page {i}", prose(i)) + f"<!-- {rng.randbytes(20_000).hex()} -->" for i in range(60)]
+    records = b"".join(response(f"https://big.example/{i}", page.encode()) for i, page in enumerate(pages))
+    data = bytearray(zstandard.ZstdCompressor(write_checksum=True).compress(records))
+    assert len(data) > 1 << 20
+    data[-2] ^= 0x01  # in the frame's checksum: every record decodes as written, and the check fails
+    docs, stats = read(write(tmp_path / "one-frame.warc.zst", bytes(data)), warc_engine=warc_engine)
+    faults = reason_counts(stats)
+    assert docs == [] and faults["failed.read_corrupt_zstd"] == 1 and faults["failed.read_unverified_record"] >= 20
+    assert stats["in"] == sum(faults.values())
+    cut, stats = read(write(tmp_path / "cut.warc.zst", bytes(data[:-3])), warc_engine=warc_engine)
+    assert len(cut) == stats["out"] >= 20 and reason_counts(stats) == {"failed.read_truncated_zstd": 1}
+
+
 class CountingFile(io.BytesIO):
     def __init__(self, data: bytes):
         super().__init__(data)
