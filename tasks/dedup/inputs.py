@@ -66,7 +66,7 @@ def _records(url: str, stats: Stats) -> Iterator[dict[str, Any]]:
         import pyarrow.parquet as pq
 
         with fs.open(path, "rb") as f:  # row group by row group: a large file never sits in memory
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=BATCH_ROWS):
+            for batch in pq.ParquetFile(f, page_checksum_verification=True).iter_batches(batch_size=BATCH_ROWS):
                 yield from batch.to_pylist()
         return
     with fs.open(path, "rt", encoding="utf-8", errors="replace", compression="infer") as f:

@@ -249,13 +249,16 @@ def read_parquet_rows(url: str, required: str, columns: Sequence[str], stats: St
 
     Counts ``in``. An unreadable file, a file without the ``required`` column, or corrupt
     data part-way (which ends the file, keeping the rows before it) count as ``failed.<prefix>_corrupt_file``.
+    Page CRCs are checked where the writer stored them (pyarrow's ``write_page_checksum``); a file
+    without them (pyarrow's default) cannot be checked, and a flipped bit in a data page may decode
+    to wrong rows.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     with fsspec.open(url, "rb", **remote_options(url)) as f:
         try:
-            parquet = pq.ParquetFile(f)
+            parquet = pq.ParquetFile(f, page_checksum_verification=True)
         except (pa.ArrowException, OSError) as e:
             stats.add("in")  # the unreadable rest is one record seen, so ``in`` adds up
             stats.add(f"failed.{prefix}_corrupt_file")

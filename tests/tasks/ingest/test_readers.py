@@ -556,6 +556,25 @@ def test_parquet_without_text_column_and_corrupt_files_are_counted_not_raised(tm
     assert reason_counts(read(url)[1]) == {"failed.read_corrupt_gzip": 1}
 
 
+def test_a_flipped_bit_in_a_parquet_file_with_page_checksums_never_gives_out_a_wrong_row(tmp_path):
+    """Read without checking page CRCs, a file written with them gave out wrong rows for 146 of 301
+    flipped bits (the same share as a file without them, which nothing can check)."""
+    rng = random.Random(3)
+    texts = [" ".join(rng.choice(["alpha", "beta", "river", "stone", "bread"]) for _ in range(40)) + f" {i}"
+             for i in range(600)]
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"text": texts}), buffer, write_page_checksum=True, row_group_size=200)
+    data = buffer.getvalue()
+    counted = 0
+    for at in range(4, len(data) - 8, len(data) // 150):
+        flipped = bytearray(data)
+        flipped[at] ^= 0x10
+        docs, stats = read(write(tmp_path / "a.parquet", bytes(flipped)))
+        assert [d.text for d in docs] == texts[: len(docs)], at  # a prefix of the rows, unchanged
+        counted += bool(reason_counts(stats))
+    assert counted >= 140
+
+
 # ---------------------------------------------------------------------------------------------
 # Inputs
 
