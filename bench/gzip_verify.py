@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fastwarc.stream_io import GzipReader
 
-from tasks.ingest.compression import VerifiedGzip
+from tasks.ingest.warc import VerifiedGzip
 from tasks.sample.crawl import write_sample_crawl
 
 

@@ -66,7 +66,7 @@ import fsspec
 from tasks import config, datasets
 from tasks.datasets import Stats
 from tasks.ingest.base import Document
-from tasks.ingest.compression import open_input
+from tasks.compression import open_input
 from tasks.ingest.config import EXTRACT_ENGINES, WARC_ENGINES, IngestConfig
 from tasks.ingest.extract import extract_text
 from tasks.ingest.pipeline import build_steps, run_steps

@@ -3,8 +3,9 @@
 Raw files need ``id`` and ``text`` fields; ``url``, ``source``, ``lang``, ``lang_score``,
 ``quality_score`` and ``meta`` are taken when present. They are converted once into a documents
 dataset (one or more shards per file) named by the files' fingerprints, so a rerun reuses it.
-Records without a string ``id`` and ``text``, and lines that are not JSON, are counted in that
-dataset's stats under ``failed.dedup_input_<reason>`` and skipped.
+Records without a string ``id`` and ``text``, lines that are not JSON, and truncated or corrupt
+files are counted in that dataset's stats under ``dropped.dedup_input_<reason>`` and
+``failed.dedup_input_<reason>`` and skipped.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from typing import Any
 
 from tasks import datasets
 from tasks.datasets import Manifest, Stats
+from tasks.records import read_json_lines, read_parquet_rows
 
 RAW_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".parquet")
 ROWS_PER_SHARD = 50_000
 BATCH_ROWS = 4096  # raw Parquet rows decoded at a time
+MAX_LINE_BYTES = 64 << 20  # a longer JSON line is skipped unread, counted dropped.dedup_input_too_large
+DOCUMENT_FIELDS = ("id", "url", "source", "lang", "lang_score", "quality_score", "text", "meta")
 
 
 def _default_staging() -> str:
@@ -61,27 +65,17 @@ def _document_row(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _records(url: str, stats: Stats) -> Iterator[dict[str, Any]]:
-    fs, path = datasets.filesystem(url)
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        with fs.open(path, "rb") as f:  # row group by row group: a large file never sits in memory
-            for batch in pq.ParquetFile(f, page_checksum_verification=True).iter_batches(batch_size=BATCH_ROWS):
-                yield from batch.to_pylist()
-        return
-    with fs.open(path, "rt", encoding="utf-8", errors="replace", compression="infer") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                stats.add("failed.dedup_input_bad_json")
-                continue
-            if isinstance(record, dict):
-                yield record
-            else:
-                stats.add("failed.dedup_input_not_an_object")
+    """The records of a raw file, its faults counted as the ingest readers count them (``tasks/records.py``):
+    a truncated or corrupt compressed file, a bad line, an unreadable Parquet file."""
+    if url.endswith(".parquet"):
+        rows = read_parquet_rows(url, "text", DOCUMENT_FIELDS, stats, prefix="dedup_input", batch_size=BATCH_ROWS)
+    else:
+        rows = read_json_lines(url, MAX_LINE_BYTES, stats, prefix="dedup_input", truncated="dedup_input_truncated_file")
+    for _, record in rows:
+        if isinstance(record, dict):
+            yield record
+        else:
+            stats.add("failed.dedup_input_not_an_object")
 
 
 def raw_to_documents(urls: list[str], staging_url: str | None = None) -> Manifest:
@@ -91,7 +85,7 @@ def raw_to_documents(urls: list[str], staging_url: str | None = None) -> Manifes
     from tasks.dedup.plan import write_parquet
 
     raw_fps = datasets.raw_input_fingerprints(urls)
-    fp = datasets.fingerprint("dedup-input", {"rows_per_shard": ROWS_PER_SHARD}, raw_fps, "1")
+    fp = datasets.fingerprint("dedup-input", {"rows_per_shard": ROWS_PER_SHARD}, raw_fps, "2")  # 2: checked reads
     out_url = datasets.join(staging_url or _default_staging(), fp)
     existing = datasets.finished_dataset(out_url, fp)  # verified; a corrupt copy is converted again
     if existing is not None:

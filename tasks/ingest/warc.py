@@ -10,16 +10,18 @@ record from gzip or zstd data goes out only once its member's (frame's) checksum
 
 from __future__ import annotations
 
+import io
 import logging
+import struct
+import zlib
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import fsspec
 
+from tasks.compression import READ_CHUNK, UNVERIFIED_HOLD_CHARS, compression_name, decompressed_chunks, is_compressed
 from tasks.datasets import Stats, remote_options
 from tasks.ingest.base import Document
-from tasks.ingest.compression import (UNVERIFIED_HOLD_CHARS, VerifiedGzip, compression_name, decompressed_chunks,
-                                      is_compressed)
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.warc_framer import WARC_MAGIC, Framed, WarcFramer
 from tasks.ingest.warc_records import framed_document
@@ -182,3 +184,56 @@ def _give_out(doc: Document | None, counts: Stats, warnings: list, stats: Stats)
         log.warning(*args)
     if doc is not None:
         yield doc
+
+
+class VerifiedGzip:
+    """FastWARC's gzip reader as chunks, and how much of its output is verified (``verified``, an
+    uncompressed offset): the members it has moved past had their checksums checked."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader, self._member, self._pos, self.verified = reader, 0, 0, 0
+        self._crc: int | None = 0  # CRC-32 of all output while the file has been one gzip member; then None
+
+    def __iter__(self) -> Iterator[bytes]:
+        while chunk := self._reader.read(READ_CHUNK):
+            before, self._pos = self._pos, self._pos + len(chunk)
+            member = self._reader.frame_start_position()
+            if member != self._member:  # the member that held byte ``before`` ended in this chunk
+                self._member, self.verified, self._crc = member, before, None
+            elif self._crc is not None:
+                self._crc = zlib.crc32(chunk, self._crc)
+            yield chunk
+
+    def ends_complete(self, raw: IO[bytes]) -> bool:
+        """Whether the last gzip member (from its compressed offset to the end of file) is whole.
+
+        A file that is one member is whole when its last 8 bytes are the gzip trailer of what was
+        read (CRC-32 and length): checked without inflating it a second time. Otherwise, or when
+        they differ, the last member is inflated again by zlib."""
+        return (self._crc is not None and self._trailer_matches(raw)) or self.last_member_inflates_whole(raw)
+
+    def last_member_inflates_whole(self, raw: IO[bytes]) -> bool:
+        """Whether zlib inflates the last member, from its compressed offset, to the end of file."""
+        try:
+            raw.seek(self._reader.frame_start_position() or 0)
+        except (OSError, ValueError):
+            return False
+        decoder = zlib.decompressobj(31)
+        try:
+            while data := raw.read(READ_CHUNK):
+                if decoder.eof:
+                    return False  # bytes after the last member
+                out = decoder.decompress(data, READ_CHUNK)  # output capped: the member may be the whole file
+                while not decoder.eof and (decoder.unconsumed_tail or len(out) == READ_CHUNK):
+                    out = decoder.decompress(decoder.unconsumed_tail, READ_CHUNK)
+        except zlib.error:
+            return False
+        return decoder.eof and not decoder.unused_data
+
+    def _trailer_matches(self, raw: IO[bytes]) -> bool:
+        try:
+            raw.seek(-8, io.SEEK_END)
+            trailer = raw.read(8)
+        except (OSError, ValueError):
+            return False
+        return len(trailer) == 8 and struct.unpack("<II", trailer) == (self._crc, self._pos & 0xFFFFFFFF)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from tasks.ingest.compression import GAP, MEMBER_END, READ_CHUNK
+from tasks.compression import GAP, MEMBER_END, READ_CHUNK
 
 
 _MAX_WARC_HEAD = 1 << 16

@@ -17,10 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tasks import datasets
+from tasks import datasets, records
 from tasks.datasets import Stats
 from tasks.ingest.config import ReaderConfig
-from tasks.ingest import readers
 from tasks.ingest.readers import InputError, expand_inputs, read_documents
 from tests.tasks.ingest.crawl_files import conversion, english_warc, gzip_members, other_record, response
 
@@ -176,7 +175,7 @@ def test_records_of_a_jsonl_gz_whose_checksum_fails_are_counted_never_given_out(
 
 
 def test_past_the_hold_limit_jsonl_records_go_out_before_their_checksum(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers, "UNVERIFIED_HOLD_CHARS", 0)
+    monkeypatch.setattr(records, "UNVERIFIED_HOLD_CHARS", 0)
     texts = flipped_jsonl_gz(tmp_path / "a.jsonl.gz")
     stats = Stats()
     docs = list(read_documents(str(tmp_path / "a.jsonl.gz"), ReaderConfig(max_payload_bytes=1000), stats))

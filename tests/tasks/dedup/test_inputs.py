@@ -1,8 +1,10 @@
+import gzip
 import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 
 from tasks import datasets
 from tasks.dedup.config import DedupConfig
@@ -23,10 +25,29 @@ def test_raw_jsonl_input_is_converted_and_bad_records_are_counted(tmp_path):
     raw.write_text("\n".join(lines) + "\n")
     (converted,) = load_dedup_inputs([str(raw)], staging_url=f"file://{tmp_path}/staging")
     assert converted.kind == "documents" and converted.rows == 3
-    assert converted.stats["failed.dedup_input_bad_json"] == 1
+    assert converted.stats["failed.dedup_input_bad_record"] == 1
     assert converted.stats["failed.dedup_input_missing_id_or_text"] == 1
     out = run_dedup([converted], f"file://{tmp_path}/out", DedupConfig(), fingerprint="fp")
     assert read_ids(out) == [["x1", "x4"]]
+
+
+@pytest.mark.parametrize("name,compress", [
+    ("raw.jsonl.zst", zstandard.ZstdCompressor().compress), ("raw.jsonl.gz", lambda b: gzip.compress(b, mtime=0))])
+def test_a_truncated_or_corrupt_compressed_raw_file_is_counted_not_passed_as_whole(tmp_path, name, compress):
+    """Read through fsspec's zstd, a .jsonl.zst cut in half gave 0 of its 300 documents and no count."""
+    data = compress(b"".join(json.dumps({"id": f"d{i}", "text": f"document {i} " + "x" * 200}).encode() + b"\n"
+                             for i in range(300)))
+    staging = f"file://{tmp_path}/staging"
+    (tmp_path / f"cut-{name}").write_bytes(data[: len(data) // 2])
+    (cut,) = load_dedup_inputs([str(tmp_path / f"cut-{name}")], staging_url=staging)
+    kind = "gzip" if name.endswith(".gz") else "zstd"
+    assert cut.stats["failed.dedup_input_truncated_file"] == 1, kind
+    assert cut.rows == cut.stats["in"] - 1  # every line decoded before the cut, and the cut one counted
+    flipped = bytearray(data)
+    flipped[-6] ^= 0x01  # in the checksum at the end: every line decodes, and the check fails
+    (tmp_path / f"flipped-{name}").write_bytes(bytes(flipped))
+    (bad,) = load_dedup_inputs([str(tmp_path / f"flipped-{name}")], staging_url=staging)
+    assert bad.rows == 0 and bad.stats["failed.dedup_input_corrupt_file"] == 1
 
 
 def test_raw_parquet_files_matched_by_a_glob_are_converted_once(tmp_path):

@@ -369,7 +369,7 @@ class CountingFile(io.BytesIO):
 def test_a_one_member_gzip_is_proven_whole_by_its_trailer_not_by_inflating_it_again(cut):
     from fastwarc.stream_io import GzipReader
 
-    from tasks.ingest.compression import VerifiedGzip
+    from tasks.ingest.warc import VerifiedGzip
 
     data = gzip.compress(b"".join(gzip.decompress(m) for m in _big_members(40)), mtime=0)
     data = data[: len(data) - cut]

@@ -1,4 +1,4 @@
-"""The one decoder loop for gzip, bz2, xz and zstd (``tasks/ingest/compression.py``), on concatenated streams."""
+"""The one decoder loop for gzip, bz2, xz and zstd (``tasks/compression.py``), on concatenated streams."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import lzma
 import pytest
 import zstandard
 
-from tasks.ingest.compression import GAP, MEMBER_END, READ_CHUNK, CorruptData, checked_stream, frames, sniff_compression
+from tasks.compression import GAP, MEMBER_END, READ_CHUNK, CorruptData, checked_stream, frames, sniff_compression
 
 COMPRESS = {
     "gzip": lambda b: gzip.compress(b, mtime=0),
