@@ -32,15 +32,18 @@ MEMBER_END = object()  # in a chunk stream: a gzip member or zstd frame ended he
 UNVERIFIED_HOLD_CHARS = 16 << 20
 
 
-def is_compressed(url: str) -> bool:
-    """Whether ``open_input`` and ``decompressed_chunks`` inflate ``url`` (named .gz or .zst), so
-    checksums come after the data."""
-    return url.lower().endswith((".gz", ".zst"))
+SUFFIX_COMPRESSION = ((".gz", "gzip"), (".bz2", "bz2"), (".xz", "xz"), (".zst", "zstd"))
 
 
 def compression_name(url: str) -> str:
-    """How a file is compressed, for counter names: zstd for .zst, else gzip."""
-    return "zstd" if url.lower().endswith(".zst") else "gzip"
+    """How ``url`` is compressed, by its name (gzip, bz2, xz, zstd; "none"), as counter names spell it."""
+    name = url.lower()
+    return next((kind for suffix, kind in SUFFIX_COMPRESSION if name.endswith(suffix)), "none")
+
+
+def is_compressed(url: str) -> bool:
+    """Whether ``open_input`` and ``decompressed_chunks`` inflate ``url``, so checksums come after the data."""
+    return compression_name(url) != "none"
 
 
 class CorruptData(Exception):
@@ -104,7 +107,7 @@ class ChunkReader(io.RawIOBase):
 
 def decompressed_chunks(url: str, raw: IO[bytes]) -> Iterator[bytes | object | None]:
     """The uncompressed bytes of ``raw`` in chunks, with ``GAP`` and ``MEMBER_END`` markers when it is
-    compressed (``is_compressed``); a truncated gzip/zstd stream raises ``EOFError``."""
+    compressed (``is_compressed``); a truncated stream raises ``EOFError``."""
     if is_compressed(url):
         yield from frames(raw, compression_name(url), frame_ends=True)
     else:

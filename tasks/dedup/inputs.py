@@ -20,7 +20,7 @@ from tasks import datasets
 from tasks.datasets import Manifest, Stats
 from tasks.records import read_json_lines, read_parquet_rows
 
-RAW_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".parquet")
+RAW_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".jsonl.bz2", ".jsonl.xz", ".parquet")
 ROWS_PER_SHARD = 50_000
 BATCH_ROWS = 4096  # raw Parquet rows decoded at a time
 MAX_LINE_BYTES = 64 << 20  # a longer JSON line is skipped unread, counted dropped.dedup_input_too_large

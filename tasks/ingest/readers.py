@@ -18,7 +18,7 @@ Data faults are counted and skipped, never raised (DESIGN.md §3). Counters:
 ``out`` (documents yielded), ``other_records`` (WARC request/metadata/… records),
 ``decoded_with_replacements`` (pages kept with a few undecodable bytes replaced),
 ``dropped.read_{non_html,http_status,empty,too_large,undecodable}``,
-``failed.read_{truncated_gzip,truncated_zstd,corrupt_gzip,corrupt_zstd,corrupt_file,bad_record,unverified_record}``,
+``failed.read_{truncated_<compression>,corrupt_gzip,corrupt_zstd,corrupt_file,bad_record,unverified_record}``,
 ``bytes_in``.
 Network and permission errors are not data faults: they raise, so the work item is retried.
 """
@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 FORMAT_SUFFIXES: tuple[tuple[str, str], ...] = (
     (".warc.wet.gz", "wet"), (".wet.gz", "wet"), (".wet", "wet"),
     (".warc.gz", "warc"), (".warc.zst", "warc"), (".warc", "warc"),
-    (".jsonl.gz", "jsonl"), (".jsonl.zst", "jsonl"), (".jsonl", "jsonl"),
+    (".jsonl.gz", "jsonl"), (".jsonl.zst", "jsonl"), (".jsonl.bz2", "jsonl"), (".jsonl.xz", "jsonl"),
+    (".jsonl", "jsonl"),
     (".json.gz", "jsonl"), (".ndjson", "jsonl"),
     (".parquet", "parquet"),
 )

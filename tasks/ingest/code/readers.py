@@ -1,7 +1,7 @@
 """Readers of source code at any fsspec URL → a stream of ``Document``s (``source = "code"``).
 
-Inputs: JSONL (optionally .gz/.zst) and Parquet files of source-file records (``repo``, ``path``,
-``content``, optional ``license``, ``url``; field names in config), tar archives (.tar, .tar.gz,
+Inputs: JSONL (optionally .gz/.zst/.bz2/.xz) and Parquet files of source-file records (``repo``,
+``path``, ``content``, optional ``license``, ``url``; field names in config), tar archives (.tar, .tar.gz,
 .tgz, .tar.bz2, .tar.xz, .tar.zst) and zip archives of repositories, read member by member, and plain
 folder trees (a local checkout), listed once and split into chunks of files. A tar archive is streamed
 (no seeking), so one member at a time is in memory, and its compression and tar framing are checked
@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 # Longest suffix first: ".tar.gz" is a tar archive, not a gzipped file.
 CODE_SUFFIXES: tuple[tuple[str, str], ...] = (
-    (".jsonl.gz", "jsonl"), (".jsonl.zst", "jsonl"), (".jsonl", "jsonl"),
+    (".jsonl.gz", "jsonl"), (".jsonl.zst", "jsonl"), (".jsonl.bz2", "jsonl"), (".jsonl.xz", "jsonl"),
+    (".jsonl", "jsonl"),
     (".json.gz", "jsonl"), (".ndjson", "jsonl"),
     (".parquet", "parquet"),
     (".tar.gz", "tar"), (".tgz", "tar"), (".tar.bz2", "tar"), (".tbz2", "tar"), (".tar.xz", "tar"),

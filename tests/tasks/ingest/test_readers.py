@@ -1,7 +1,9 @@
+import bz2
 import functools
 import gzip
 import io
 import http.server
+import lzma
 import random
 import re
 import threading
@@ -515,6 +517,8 @@ def _zstd_prefix_lines(data: bytes) -> int:
 @pytest.mark.parametrize("suffix,compress,prefix_lines", [
     (".jsonl.gz", lambda b: gzip.compress(b, mtime=0), _gzip_prefix_lines),
     (".jsonl.zst", lambda b: zstandard.ZstdCompressor().compress(b), _zstd_prefix_lines),
+    (".jsonl.bz2", bz2.compress, lambda data: bz2.BZ2Decompressor().decompress(data).count(b"\n")),
+    (".jsonl.xz", lzma.compress, lambda data: lzma.LZMADecompressor().decompress(data).count(b"\n")),
 ])
 def test_compressed_jsonl_is_read_and_truncation_keeps_complete_lines(tmp_path, suffix, compress, prefix_lines):
     data = jsonl([{"text": f"document number {i} " + "x" * 200} for i in range(300)])
@@ -522,7 +526,7 @@ def test_compressed_jsonl_is_read_and_truncation_keeps_complete_lines(tmp_path, 
     assert len(docs) == 300
     cut = compress(data)[: len(compress(data)) // 2]
     docs, stats = read(write(tmp_path / f"b{suffix}", cut))
-    kind = "gzip" if suffix.endswith(".gz") else "zstd"
+    kind = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2", ".xz": "xz"}[suffix[suffix.rindex("."):]]
     assert len(docs) == prefix_lines(cut) < 300
     assert reason_counts(stats) == {f"failed.read_truncated_{kind}": 1}
 
