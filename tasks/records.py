@@ -9,52 +9,62 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from typing import Any
 
 import fsspec
 
-from tasks.compression import READ_CHUNK, UNVERIFIED_HOLD_CHARS, CorruptData, is_compressed, open_input
+from tasks.compression import GAP, MEMBER_END, UNVERIFIED_HOLD_CHARS, decompressed_chunks, is_compressed
 from tasks.datasets import Stats, remote_options
 
 log = logging.getLogger(__name__)
+TOO_LONG = object()  # from ``_bounded_lines``: a line past the limit, skipped unread
 
 
 def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str,
                     truncated: str) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object) of each line of a JSONL file (plain, .gz or .zst), streamed.
+    """(line number, parsed object) of each line of a JSONL file (plain or compressed), streamed.
 
     Counts ``in``; skips an oversize line (``dropped.<prefix>_too_large``), undecodable
     bytes (``dropped.<prefix>_undecodable``) and malformed JSON (``failed.<prefix>_bad_record``). A
     truncated stream ends the file (``failed.<truncated>``) keeping every line read before it. Lines
-    of a compressed file are held (up to ``UNVERIFIED_HOLD_CHARS`` bytes) until the data they came
-    from has passed its checksum, which for a one-member gzip is at its end: corrupt data ends the
-    file (``failed.<prefix>_corrupt_file``) and the held lines count
-    ``failed.<prefix>_unverified_record``.
+    of a compressed file are held (up to ``UNVERIFIED_HOLD_CHARS`` bytes) until the member (stream,
+    frame) they came from has passed its checksum, which for a one-member file is at its end. Corrupt
+    data costs its member: it counts ``failed.<prefix>_corrupt_file``, the lines held from it
+    ``failed.<prefix>_unverified_record``, and reading resumes at the next member (concatenated
+    files, ``pigz --independent``, BGZF, zstd frames); a line cut by the gap fails as a bad record.
     """
     held: list[tuple[int, bytes | None]] = []
     held_bytes = line_no = 0
     hold_limit = UNVERIFIED_HOLD_CHARS + max_line_bytes if is_compressed(url) else 0
-    with open_input(url) as f:
+    with fsspec.open(url, "rb", **remote_options(url)) as raw:
         try:
-            for line_no, line in enumerate(_bounded_lines(f, max_line_bytes)):
-                if line is not None and not line.strip():
-                    continue
-                held.append((line_no, line))
-                held_bytes += len(line or b"") + 100  # and the tuple, about 100 bytes
-                if held_bytes > hold_limit:
+            for line in _bounded_lines(decompressed_chunks(url, raw), max_line_bytes):
+                if line is MEMBER_END:
                     yield from _parsed_lines(held, stats, prefix)
                     held_bytes = 0
+                elif line is GAP:
+                    stats.add("in", 1 + len(held))  # the corrupt stretch itself is one record seen
+                    stats.add(f"failed.{prefix}_corrupt_file")
+                    stats.add(f"failed.{prefix}_unverified_record", len(held))
+                    log.warning("%s: corrupt compressed data after line %d; %d lines from it dropped, reading on "
+                                "at the next member", url, line_no, len(held))
+                    held.clear()
+                    held_bytes = 0
+                else:
+                    line_no += 1
+                    if line is TOO_LONG:
+                        line = None
+                    elif not line.strip():
+                        continue
+                    held.append((line_no - 1, line))
+                    held_bytes += len(line or b"") + 100  # and the tuple, about 100 bytes
+                    if held_bytes > hold_limit:
+                        yield from _parsed_lines(held, stats, prefix)
+                        held_bytes = 0
         except EOFError:  # the cut line is a record seen: ``in`` still adds up
             stats.add("in")
             stats.add(f"failed.{truncated}")
             log.warning("%s: file is truncated after line %d", url, line_no)
-        except CorruptData as e:
-            stats.add("in", 1 + len(held))
-            stats.add(f"failed.{prefix}_corrupt_file")
-            stats.add(f"failed.{prefix}_unverified_record", len(held))
-            log.warning("%s: corrupt compressed data after line %d, %d lines before it dropped: %s",
-                        url, line_no, len(held), e)
-            held.clear()
     yield from _parsed_lines(held, stats, prefix)
 
 
@@ -77,15 +87,36 @@ def _parsed_lines(held: list[tuple[int, bytes | None]], stats: Stats, prefix: st
     held.clear()
 
 
-def _bounded_lines(f: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
-    """Lines of ``f``; a line longer than ``max_bytes`` is skipped unread and yields None."""
-    while line := f.readline(max_bytes + 1):
-        if len(line) > max_bytes and not line.endswith(b"\n"):
-            while (rest := f.readline(READ_CHUNK)) and not rest.endswith(b"\n"):
-                pass
-            yield None
-        else:
-            yield line
+def _bounded_lines(chunks: Iterator[bytes | object | None], max_bytes: int) -> Iterator[bytes | object]:
+    """Lines of a chunk stream, each with its newline; ``TOO_LONG`` for a line longer than ``max_bytes``
+    (skipped, never held whole); the stream's ``GAP`` and ``MEMBER_END`` markers in place. At a ``GAP``
+    the line it cut goes out first, so it is counted with the lines of the member it came from."""
+    partial, too_long = bytearray(), False
+    for chunk in chunks:
+        if chunk is MEMBER_END or chunk is GAP:
+            if chunk is GAP and (partial or too_long):
+                yield TOO_LONG if too_long else bytes(partial)
+                partial, too_long = bytearray(), False
+            yield chunk
+            continue
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if too_long or len(partial) + end - start > max_bytes:
+                yield TOO_LONG
+            elif partial:
+                partial += chunk[start:end + 1]
+                yield bytes(partial)
+            else:
+                yield chunk[start:end + 1]
+            partial, too_long, start = bytearray(), False, end + 1
+        if not too_long:
+            partial += chunk[start:]
+            if len(partial) > max_bytes:
+                partial, too_long = bytearray(), True
+    if too_long:
+        yield TOO_LONG
+    elif partial:
+        yield bytes(partial)
 
 
 def read_parquet_rows(url: str, required: str, columns: Sequence[str], stats: Stats, *, prefix: str,

@@ -531,6 +531,24 @@ def test_compressed_jsonl_is_read_and_truncation_keeps_complete_lines(tmp_path, 
     assert reason_counts(stats) == {f"failed.read_truncated_{kind}": 1}
 
 
+@pytest.mark.parametrize("suffix,compress", [
+    (".jsonl.gz", lambda b: gzip.compress(b, mtime=0)), (".jsonl.zst", zstandard.ZstdCompressor(write_checksum=True).compress),
+    (".jsonl.bz2", bz2.compress), (".jsonl.xz", lzma.compress)])
+def test_a_corrupt_member_of_a_concatenated_jsonl_costs_only_its_lines(tmp_path, suffix, compress):
+    """Three files' worth concatenated (``cat a.gz b.gz c.gz``), the middle one's data damaged: its lines
+    are counted, the members around it read. The whole rest of the file was lost before."""
+    parts = [[{"text": f"part {p} line {i}"} for i in range(50)] for p in range(3)]
+    members = [compress(jsonl(rows)) for rows in parts]
+    middle = bytearray(members[1])
+    middle[len(middle) // 2] ^= 0xFF
+    docs, stats = read(write(tmp_path / f"a{suffix}", members[0] + bytes(middle) + members[2]))
+    assert [d.text for d in docs] == [r["text"] for r in parts[0] + parts[2]]
+    faults = reason_counts(stats)
+    assert faults["failed.read_corrupt_file"] == 1 and set(faults) <= {"failed.read_corrupt_file",
+                                                                        "failed.read_unverified_record"}
+    assert stats["in"] == 100 + sum(faults.values())
+
+
 def test_concatenated_zstd_frames_are_all_read(tmp_path):
     frames = b"".join(zstandard.ZstdCompressor().compress(jsonl([{"text": f"frame {i}"}])) for i in range(3))
     docs, stats = read(write(tmp_path / "a.jsonl.zst", frames))
