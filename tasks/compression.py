@@ -1,11 +1,12 @@
-"""Streaming decompression of crawl files that notices what Python's and warcio's readers pass silently.
+"""Streaming decompression of input files that notices what Python's, fsspec's and warcio's readers pass
+silently; one decoder loop (``frames``) for gzip, bz2, xz and zstd.
 
-A truncated gzip, bz2, xz or zstd stream raises ``EOFError`` after every byte decoded before the cut;
-corrupt data shows as ``GAP`` in a chunk stream (``CorruptData`` from a file-like one). After a corrupt
-gzip member decoding resumes at the next member header, so the WARC framer can count the records lost
-with it. ``MEMBER_END`` marks where a gzip member or zstd frame ended with its checksum held, so readers
-can hold documents until the data they came from is verified. Output is capped per call (zstd: per
-input chunk), so one record never sits in memory whole.
+A truncated stream raises ``EOFError`` after every byte decoded before the cut; corrupt data shows as
+``GAP`` in a chunk stream (``CorruptData`` from a file-like one), and decoding resumes at the next
+member's magic, so a reader can count the records lost with that member alone. ``MEMBER_END`` marks
+where a member (stream, frame) ended with its checksum held, so readers can hold documents until the
+data they came from is verified. Output is capped per call (zstd: per input chunk), so one record never
+sits in memory whole.
 """
 
 from __future__ import annotations
@@ -26,12 +27,10 @@ from tasks.datasets import remote_options
 READ_CHUNK = 1 << 20
 GZIP_MAGIC = b"\x1f\x8b\x08"
 GAP = None  # in a chunk stream: corrupt compressed data was skipped here
-MEMBER_END = object()  # in a chunk stream: a gzip member or zstd frame ended here, its checksum held
-# Characters of documents a reader holds back (beyond one of the largest) until the gzip member they came
-# from has passed its checksum; past that, one huge member's documents go out before its end is checked.
+MEMBER_END = object()  # in a chunk stream: a member (stream, frame) ended here, its checksum held
+# Characters of documents a reader holds back (beyond one of the largest) until the member they came from
+# has passed its checksum; past that, one huge member's documents go out before its end is checked.
 UNVERIFIED_HOLD_CHARS = 16 << 20
-
-
 SUFFIX_COMPRESSION = ((".gz", "gzip"), (".bz2", "bz2"), (".xz", "xz"), (".zst", "zstd"))
 
 
