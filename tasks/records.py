@@ -123,8 +123,9 @@ def read_parquet_rows(url: str, required: str, columns: Sequence[str], stats: St
                       batch_size: int) -> Iterator[tuple[int, dict]]:
     """(row number, record) of a Parquet file, streamed by batches of the wanted ``columns``.
 
-    Counts ``in``. An unreadable file, a file without the ``required`` column, or corrupt
-    data part-way (which ends the file, keeping the rows before it) count as ``failed.<prefix>_corrupt_file``.
+    Counts ``in``. An unreadable file, a file without the ``required`` column, or corrupt data part-way
+    count as ``failed.<prefix>_corrupt_file``; corrupt data costs the rest of its row group, and reading
+    resumes at the next one.
     Page CRCs are checked where the writer stored them (pyarrow's ``write_page_checksum``); a file
     without them (pyarrow's default) cannot be checked, and a flipped bit in a data page may decode
     to wrong rows.
@@ -146,15 +147,19 @@ def read_parquet_rows(url: str, required: str, columns: Sequence[str], stats: St
             stats.add(f"failed.{prefix}_corrupt_file")
             log.warning("%s: Parquet file has no %r column (columns: %s); skipped", url, required, sorted(names))
             return
-        row = 0
-        try:
-            for batch in parquet.iter_batches(batch_size=batch_size,
-                                              columns=[c for c in dict.fromkeys(columns) if c in names]):
-                for record in batch.to_pylist():
-                    stats.add("in")
-                    yield row, record
-                    row += 1
-        except (pa.ArrowException, OSError) as e:
-            stats.add("in")
-            stats.add(f"failed.{prefix}_corrupt_file")
-            log.warning("%s: corrupt Parquet data after row %d: %s", url, row, e)
+        wanted = [c for c in dict.fromkeys(columns) if c in names]
+        first = 0  # the row number of the group's first row, from the footer, so numbers hold past a bad group
+        for group in range(parquet.num_row_groups):
+            row = first
+            try:
+                for batch in parquet.iter_batches(batch_size=batch_size, row_groups=[group], columns=wanted):
+                    for record in batch.to_pylist():
+                        stats.add("in")
+                        yield row, record
+                        row += 1
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # a string that is not UTF-8: bad data too
+                stats.add("in")  # the group's unread rest is one record seen
+                stats.add(f"failed.{prefix}_corrupt_file")
+                log.warning("%s: corrupt Parquet data in row group %d after row %d, reading on at the next group: %s",
+                            url, group, row, e)
+            first += parquet.metadata.row_group(group).num_rows
