@@ -25,7 +25,6 @@ from tasks.datasets import remote_options
 
 
 READ_CHUNK = 1 << 20
-GZIP_MAGIC = b"\x1f\x8b\x08"
 GAP = None  # in a chunk stream: corrupt compressed data was skipped here
 MEMBER_END = object()  # in a chunk stream: a member (stream, frame) ended here, its checksum held
 # Characters of documents a reader holds back (beyond one of the largest) until the member they came from
@@ -51,7 +50,7 @@ class CorruptData(Exception):
 
 # The first bytes of each stream format that smelt inflates itself (tarfile's own gzip stream checks no
 # CRC, and no format's trailer is read when tarfile stops at the archive's end marker).
-STREAM_MAGIC = {"gzip": GZIP_MAGIC, "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
+STREAM_MAGIC = {"gzip": b"\x1f\x8b\x08", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
 
 
 def sniff_compression(raw: IO[bytes]) -> str | None:
@@ -198,7 +197,7 @@ Codec = tuple[bytes, Callable[[], Any], Callable[[Any, bytes], Iterator[bytes]],
 def _codec(kind: str) -> Codec:
     """Magic, decoder factory, inflate function and decoding errors of a stream format."""
     if kind == "gzip":
-        return GZIP_MAGIC, lambda: zlib.decompressobj(31), _inflate_zlib, (zlib.error,)
+        return STREAM_MAGIC[kind], lambda: zlib.decompressobj(31), _inflate_zlib, (zlib.error,)
     if kind == "bz2":  # bz2 reports bad data as OSError("Invalid data stream")
         return STREAM_MAGIC[kind], bz2.BZ2Decompressor, _inflate_buffered, (OSError,)
     if kind == "xz":

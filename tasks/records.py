@@ -31,9 +31,9 @@ def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str,
     frame) they came from has passed its checksum, which for a one-member file is at its end. Corrupt
     data costs its member: it counts ``failed.<prefix>_corrupt_file``, the lines held from it
     ``failed.<prefix>_unverified_record``, and reading resumes at the next member (concatenated
-    files, ``pigz --independent``, BGZF, zstd frames); a line cut by the gap fails as a bad record.
+    files, ``pigz --independent``, BGZF, zstd frames); the tail of a line the gap cut fails as a bad record.
     """
-    held: list[tuple[int, bytes | None]] = []
+    held: list[tuple[int, bytes | object]] = []
     held_bytes = line_no = 0
     hold_limit = UNVERIFIED_HOLD_CHARS + max_line_bytes if is_compressed(url) else 0
     with fsspec.open(url, "rb", **remote_options(url)) as raw:
@@ -52,12 +52,10 @@ def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str,
                     held_bytes = 0
                 else:
                     line_no += 1
-                    if line is TOO_LONG:
-                        line = None
-                    elif not line.strip():
+                    if line is not TOO_LONG and not line.strip():
                         continue
                     held.append((line_no - 1, line))
-                    held_bytes += len(line or b"") + 100  # and the tuple, about 100 bytes
+                    held_bytes += (0 if line is TOO_LONG else len(line)) + 100  # and the tuple, about 100 bytes
                     if held_bytes > hold_limit:
                         yield from _parsed_lines(held, stats, prefix)
                         held_bytes = 0
@@ -68,11 +66,11 @@ def read_json_lines(url: str, max_line_bytes: int, stats: Stats, *, prefix: str,
     yield from _parsed_lines(held, stats, prefix)
 
 
-def _parsed_lines(held: list[tuple[int, bytes | None]], stats: Stats, prefix: str) -> Iterator[tuple[int, Any]]:
+def _parsed_lines(held: list[tuple[int, bytes | object]], stats: Stats, prefix: str) -> Iterator[tuple[int, Any]]:
     """The held lines parsed and counted, in order; ``held`` is emptied."""
     for line_no, line in held:
         stats.add("in")
-        if line is None:
+        if line is TOO_LONG:
             stats.add(f"dropped.{prefix}_too_large")
             continue
         try:

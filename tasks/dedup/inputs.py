@@ -24,7 +24,6 @@ RAW_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json
 ROWS_PER_SHARD = 50_000
 BATCH_ROWS = 4096  # raw Parquet rows decoded at a time
 MAX_LINE_BYTES = 64 << 20  # a longer JSON line is skipped unread, counted dropped.dedup_input_too_large
-DOCUMENT_FIELDS = ("id", "url", "source", "lang", "lang_score", "quality_score", "text", "meta")
 
 
 def _default_staging() -> str:
@@ -68,7 +67,8 @@ def _records(url: str, stats: Stats) -> Iterator[dict[str, Any]]:
     """The records of a raw file, its faults counted as the ingest readers count them (``tasks/records.py``):
     a truncated or corrupt compressed file, a bad line, an unreadable Parquet file."""
     if url.endswith(".parquet"):
-        rows = read_parquet_rows(url, "text", DOCUMENT_FIELDS, stats, prefix="dedup_input", batch_size=BATCH_ROWS)
+        rows = read_parquet_rows(url, "text", tuple(datasets.DOCUMENT_COLUMNS), stats, prefix="dedup_input",
+                                 batch_size=BATCH_ROWS)
     else:
         rows = read_json_lines(url, MAX_LINE_BYTES, stats, prefix="dedup_input", truncated="dedup_input_truncated_file")
     for _, record in rows:

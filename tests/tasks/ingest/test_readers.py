@@ -588,13 +588,13 @@ def test_a_flipped_bit_in_a_parquet_file_with_page_checksums_never_gives_out_a_w
     buffer = io.BytesIO()
     pq.write_table(pa.table({"text": texts}), buffer, write_page_checksum=True, row_group_size=200)
     data = buffer.getvalue()
+    groups = [texts[i:i + 200] for i in range(0, 600, 200)]
     counted = resumed = 0
     for at in range(4, len(data) - 8, len(data) // 150):
         flipped = bytearray(data)
         flipped[at] ^= 0x10
         docs, stats = read(write(tmp_path / "a.parquet", bytes(flipped)))
         given = [d.text for d in docs]
-        groups = [texts[i:i + 200] for i in range(0, 600, 200)]
         assert given in [sum((g for j, g in enumerate(groups) if j not in lost), []) for lost in
                          ({0}, {1}, {2}, {0, 1, 2}, set())], at  # whole row groups, unchanged, or none
         counted += bool(reason_counts(stats))
