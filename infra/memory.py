@@ -49,7 +49,9 @@ The loss holds ``logits_bytes`` per vocabulary entry of its rank's shard. Eager 
 (``loss_parallel`` in torch.distributed.tensor.parallel.loss) it holds more than aten's fused kernels: its
 log-softmax keeps the fp32 input and the shifted copy while it builds the output, and its backward builds
 ``(zeros_like(x) + exp(x)) * grad`` next to the saved fp32 output, four fp32 tensors at once
-(``loss_parallel_logits_bytes``).
+(``loss_parallel_logits_bytes``). The rank with the loss also holds the head's saved inputs
+(``head_activation_bytes``) and, where torch's pipeline schedule keeps its stages' outputs until the next step
+(``kept_outputs``), every micro-batch's logits (``kept_logits_bytes``).
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class MemoryAssumptions:
     # torch.distributed.pipelining's per-micro-batch receive buffers and kept outputs (``pipeline_buffer_bytes``);
     # Megatron allocates its receive tensors per transfer
     torch_pipelining: bool = True
+    # Which stages' forward outputs torch's schedule keeps, every micro-batch's, until the next step (to merge
+    # them for ``step``'s return value): "all" before PyTorch #153383 (May 2025), then "last" (the logits);
+    # "none" with ``step(return_outputs=False)``, as smelt's trainer calls it (``KEPT_OUTPUTS``)
+    kept_outputs: str = "none"
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,14 @@ def cp_ring_bytes(shape: ModelShape, layout: Layout, tokens: int, saves: str) ->
     return tokens * (gathered + accumulators + exchanged + kernel)
 
 
+def head_activation_bytes(shape: ModelShape, tp: int, saves: str = "torch") -> float:
+    """Bytes per token the output head keeps for its backward on the rank with the loss: the final norm's
+    sequence-sharded input, and its output as the output projection sees it, gathered over tp (Megatron's
+    sequence-parallel projection keeps it sharded and gathers it again); bf16."""
+    h = shape.cfg.dim
+    return 2 * h / tp + (2 * h / tp if saves == "megatron" else 2 * h)
+
+
 def _stage_activations(shape: ModelShape, layout: Layout, layers: int, tokens: int, saves: str) -> float:
     """One micro-batch's saved activations on a stage of ``layers`` layers, plus the recompute working set."""
     kept = layer_activation_bytes(shape, layout.tp, layout.activation_checkpoint, saves, layout.precision)
@@ -215,13 +229,20 @@ def inflight_microbatches(layout: Layout, microbatches: int, chunks: tuple[int, 
     return sum(f * c for f, c in zip(forwards, chunks)) / sum(chunks)
 
 
-def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, tokens: int) -> float:
+KEPT_OUTPUTS = ("none", "last", "all")
+
+
+def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, tokens: int,
+                          kept_outputs: str = "none") -> float:
     """What torch.distributed.pipelining holds on rank 0 besides the layers' saved activations, in units of
     the tensor passed between stages (a micro-batch's sequence-sharded bf16 hidden states): each stage
     allocates a receive buffer per micro-batch for the gradient from the next stage and, unless it is the
     first, for the activation from the previous one (``PipelineStage._prepare_forward_infra`` and
     ``_prepare_backward_infra``; an activation in flight is its first layer's saved input, counted there),
-    and keeps each forward's output until its backward (``fwd_cache``)."""
+    and keeps each forward's output until its backward (``fwd_cache``), or, with ``kept_outputs="all"``, every
+    micro-batch's until the next step (``output_chunks``)."""
+    if kept_outputs not in KEPT_OUTPUTS:
+        raise ValueError(f"kept_outputs must be one of {', '.join(KEPT_OUTPUTS)}, got {kept_outputs!r}")
     if layout.pp == 1:
         return 0.0
     stages = layout.pp * layout.virtual_stages
@@ -229,11 +250,20 @@ def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, 
            else tuple(c * layout.pp for c in range(layout.virtual_stages)))
     count = 0
     for stage, held in zip(ids, inflight_forwards(layout, microbatches)):
-        if stage != stages - 1:  # gradient receive buffers, and outputs kept until their backward
-            count += microbatches + held
+        if stage != stages - 1:  # gradient receive buffers, and outputs kept until their backward (or the step's end)
+            count += microbatches + (microbatches if kept_outputs == "all" else held)
         if stage != 0:  # activation receive buffers not holding an input in flight
             count += microbatches - held
     return count * _boundary_bytes(shape, layout, tokens)
+
+
+def kept_logits_bytes(shape: ModelShape, layout: Layout, microbatches: int, tokens: int, kept_outputs: str,
+                      logit_bytes: int = 2) -> float:
+    """The last stage's outputs torch's schedule keeps until the next step (``kept_outputs`` "last" or "all"):
+    every micro-batch's logits, vocabulary-sharded over tp, bf16 unless ``logit_bytes`` says otherwise."""
+    if layout.pp == 1 or kept_outputs == "none":
+        return 0.0
+    return microbatches * tokens * shape.cfg.vocab_size / layout.tp * logit_bytes
 
 
 def _boundary_bytes(shape: ModelShape, layout: Layout, tokens: int) -> float:
@@ -243,7 +273,7 @@ def _boundary_bytes(shape: ModelShape, layout: Layout, tokens: int) -> float:
 
 def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: int,
                     a: MemoryAssumptions = MemoryAssumptions()) -> MemoryBreakdown:
-    """Peak memory of the busiest rank (first pipeline stage, or the only one)."""
+    """Peak memory of the busiest rank: the first pipeline stage's or the one with the loss, whichever is more."""
     split = layout.split(shape)
     stage_params = split.max_params / layout.tp
     params, grads, optimizer = model_state_bytes(stage_params, layout.zero, layout.state_shards, a)
@@ -264,23 +294,25 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     working = _stage_activations(shape, layout, 0, tokens, a.saves)  # held once, not per micro-batch in flight
     first_stage = (first - working) * inflight_microbatches(layout, microbatches, split.first_chunks) + working
     last_stage = _stage_activations(shape, layout, split.last_layers, tokens, a.saves)
-    if a.torch_pipelining and layout.pp > 1:
-        first_stage += pipeline_buffer_bytes(shape, layout, microbatches, tokens)
-        # the last stage (1F1B: one micro-batch in flight) holds the other micro-batches' receive buffers
-        last_stage += (microbatches - 1) * _boundary_bytes(shape, layout, tokens)
     per_logit = a.logits_bytes
     if layout.tp > 1 and a.loss_parallel_logits_bytes is not None:
         per_logit = a.loss_parallel_logits_bytes
-    logits = tokens * shape.cfg.vocab_size / layout.tp * per_logit
-    if layout.pp == 1 or split.output_on_first:
-        activations, logits_held = first_stage, logits
-    elif first_stage >= last_stage + logits:
-        activations, logits_held = first_stage, 0.0
-    else:
-        activations, logits_held = last_stage, logits
-
-    # The ring's buffers live during a layer's backward, after the loss has freed the logits on its rank.
-    activations += max(cp_ring_bytes(shape, layout, tokens, a.saves) - logits_held, 0.0)
+    loss = tokens * shape.cfg.vocab_size / layout.tp * per_logit
+    kept = 0.0
+    if a.torch_pipelining and layout.pp > 1:
+        first_stage += pipeline_buffer_bytes(shape, layout, microbatches, tokens, a.kept_outputs)
+        # the last stage (1F1B: one micro-batch in flight) holds the other micro-batches' receive buffers
+        last_stage += (microbatches - 1) * _boundary_bytes(shape, layout, tokens)
+        kept = kept_logits_bytes(shape, layout, microbatches, tokens, a.kept_outputs)
+    # The ring's buffers live during a layer's backward, after the loss and the head have freed theirs on the
+    # rank with the loss; the kept outputs stay.
+    ring = cp_ring_bytes(shape, layout, tokens, a.saves)
+    head = tokens * head_activation_bytes(shape, layout.tp, a.saves)
+    output_on_first = layout.pp == 1 or split.output_on_first
+    activations = (first_stage if output_on_first else last_stage) + head + max(ring - loss - head, 0.0)
+    logits_held = loss + kept
+    if not output_on_first and first_stage + ring > activations + logits_held:
+        activations, logits_held = first_stage + ring, 0.0
     return MemoryBreakdown(params=params, grads=grads, optimizer=optimizer, fsdp_buffers=buffers,
                            activations=activations, logits=logits_held, runtime=a.runtime_gb * GB,
                            usable=gpu.memory_gb * GB * (1 - a.headroom))

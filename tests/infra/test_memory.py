@@ -56,7 +56,9 @@ def test_memory_breakdown_matches_a_hand_computed_zero3_case():
     assert mem.grads == 4 * 39_850_496 / 4
     assert mem.optimizer == 12 * 39_850_496 / 4
     assert mem.fsdp_buffers == 15_730_688 / 2 * (2 * 2 + 4)  # two gathered bf16 layers + one fp32 gradient
-    assert mem.activations == 4 * 25_600 * 1024  # 4 layers × bytes/token × (2 × 512) tokens
+    # 4 layers × bytes/token × (2 × 512) tokens, and the head: the final norm's input (2h / tp) and the output
+    # projection's gathered input (2h)
+    assert mem.activations == 4 * 25_600 * 1024 + (2 * 1024 + 1024) * 1024
     assert mem.logits == 1024 * 8192 / 2 * 6  # tp 2: the trainer's chunked loss, 6 bytes per logit
     assert mem.usable == 72e9 and mem.fits
 
@@ -75,7 +77,8 @@ def test_full_recomputation_keeps_inputs_plus_one_layer():
     shape = ModelShape(SMALL, 512)
     layout = Layout(tp=2, pp=1, dp_replicate=1, dp_shard=4, zero=3, micro_batch=2, activation_checkpoint="full")
     mem = memory_per_rank(shape, layout, gpu("h100"), microbatches=1)
-    assert mem.activations == (4 * 1024 + 25_600 - 1024) * 1024  # 4 inputs + one layer's recomputed rest
+    # 4 inputs + one layer's recomputed rest, and the head's saved inputs
+    assert mem.activations == (4 * 1024 + 25_600 - 1024) * 1024 + (2 * 1024 + 1024) * 1024
 
 
 def test_pipeline_first_stage_holds_pp_microbatches_and_interleaving_adds_more():
@@ -143,3 +146,23 @@ def test_torch_pipelining_buffers_count_on_rank_0_and_megatron_stacks_have_none(
     # the 7 micro-batches not in flight
     assert torch_run.logits > 0 and torch_run.activations - megatron.activations == pytest.approx(7 * boundary)
     assert pipeline_buffer_bytes(shape, dataclasses.replace(layout, pp=1), 8, 8192) == 0
+
+
+def test_outputs_torch_keeps_until_the_next_step_are_counted_where_the_stack_keeps_them():
+    # torch before #153383 kept every stage's outputs of all micro-batches (torchtitan, December 2024), later
+    # releases the last stage's; smelt's trainer keeps none (return_outputs=False)
+    from infra.memory import kept_logits_bytes, pipeline_buffer_bytes
+    shape, h100 = ModelShape(PRESETS["8b"], 8192), gpu("h100")
+    layout = Layout(tp=2, pp=4, dp_replicate=1, dp_shard=2, zero=1, micro_batch=1, activation_checkpoint="full")
+    boundary = 8192 * 4096 * 2 / 2
+    assert pipeline_buffer_bytes(shape, layout, 8, 8192, "all") - pipeline_buffer_bytes(shape, layout, 8, 8192) \
+        == (8 - 4) * boundary  # rank 0 keeps all 8 outputs, not only the 4 in flight
+    logits = 8 * 8192 * shape.cfg.vocab_size / 2 * 2  # 8 micro-batches of bf16 logits, vocabulary-sharded
+    assert kept_logits_bytes(shape, layout, 8, 8192, "last") == logits
+    assert kept_logits_bytes(shape, layout, 8, 8192, "none") == 0
+    assert kept_logits_bytes(shape, dataclasses.replace(layout, pp=1), 8, 8192, "all") == 0
+    smelt = memory_per_rank(shape, layout, h100, 8)
+    last = memory_per_rank(shape, layout, h100, 8, MemoryAssumptions(kept_outputs="last"))
+    assert last.logits - smelt.logits == pytest.approx(logits) and last.total > smelt.total
+    with pytest.raises(ValueError, match="kept_outputs"):
+        pipeline_buffer_bytes(shape, layout, 8, 8192, "some")

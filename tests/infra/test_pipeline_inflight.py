@@ -1,7 +1,8 @@
 """The planner's pipeline model against torch's schedules as smelt's trainer builds them: gloo ranks run one
 step of each schedule, counting on every stage the forwards whose backward has not run yet (``fwd_cache``,
-whose activations the rank holds) and the receive buffers torch allocates; the ZB-V schedule's order of
-actions is the one the planner simulates for its bubble."""
+whose activations the rank holds) and the receive buffers torch allocates, then a step that returns its
+outputs, counting what the stages keep after it; the ZB-V schedule's order of actions is the one the planner
+simulates for its bubble."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from infra.layout import Layout, ModelShape
-from infra.memory import inflight_forwards, inflight_microbatches, pipeline_buffer_bytes
+from infra.memory import inflight_forwards, inflight_microbatches, kept_logits_bytes, pipeline_buffer_bytes
 from infra.pipeline_order import makespan, zbv_order
 from tasks.llama import Transformer
 from tasks.model_config import preset
@@ -59,8 +60,11 @@ def _worker(rank: int, out_dir: str, pp: int, microbatches: int) -> None:
             infos = [*(i for infos in stage.args_recv_info.values() for i in infos),
                      *(i for infos in stage.grad_recv_info.values() for i in (infos or ()))]
             buffers += sum(i.buffer.numel() for i in infos if getattr(i, "buffer", None) is not None)
+        # a step that returns its outputs, as torch's default and torchtitan's call: the stages keep them after it
+        pipe.step(*((tokens,) if first else ()), target=tokens if last else None, losses=[] if last else None)
+        kept = sum(t.numel() * t.element_size() for s in stages for t in s.output_chunks)
         result[schedule] = {"peak": {str(k): v for k, v in sorted(peak.items())},
-                            "buffers": buffers / (SEQ * model.tok_embeddings.embedding_dim)}
+                            "buffers": buffers / (SEQ * model.tok_embeddings.embedding_dim), "kept": kept}
         if schedule != "1F1B":  # every rank's actions, as this rank's schedule will run them
             result[schedule]["order"] = [[[KINDS[a.computation_type.name], a.stage_index, a.microbatch_index]
                                           for a in pipe.pipeline_order[r] if a is not None] for r in range(pp)]
@@ -119,6 +123,18 @@ def test_rank_zero_receive_buffers_and_kept_outputs_are_what_the_planner_counts(
     kept = sum(h for s, h in zip(stages, held) if s != last)
     in_flight_inputs = sum(h for s, h in zip(stages, held) if s != "0")
     assert counted == rank0["buffers"] + kept - in_flight_inputs
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_step_that_returns_outputs_keeps_the_last_stages_logits_the_planner_counts(measured_ranks, schedule):
+    # this torch keeps the last stage's outputs only (kept_outputs="last"); smelt's trainer passes
+    # return_outputs=False and keeps none (the measured step above)
+    pp, microbatches, ranks = measured_ranks
+    layout = _layout(schedule, pp)
+    shape = ModelShape(preset("tiny", vocab_size=VOCAB, n_layers=LAYERS), SEQ)
+    counted = kept_logits_bytes(shape, layout, microbatches, SEQ, "last", logit_bytes=4)  # the tiny model is fp32
+    holders = [r[schedule]["kept"] for r in ranks if r[schedule]["kept"]]
+    assert holders == [counted] and counted == microbatches * SEQ * VOCAB * 4
 
 
 def test_the_zbv_order_the_planner_simulates_is_the_one_torch_builds(measured):

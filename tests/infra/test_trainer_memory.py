@@ -12,11 +12,12 @@ import os
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from infra.layout import ModelShape
-from infra.memory import layer_activation_bytes, model_state_bytes
+from infra.memory import head_activation_bytes, layer_activation_bytes, model_state_bytes
 from tasks.llama import Transformer
 from tasks.model_config import preset
 from tasks.train.parallelize import apply_ac, apply_fsdp, apply_tp
@@ -28,7 +29,8 @@ MODES = ("none", "selective", "full")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
+    t = t._local_tensor if isinstance(t, DTensor) else t
+    return t.elem if isinstance(t, AsyncCollectiveTensor) else t  # a collective's output, not waited on yet
 
 
 def _live_storages() -> dict[int, int]:
@@ -78,6 +80,28 @@ def kept_bytes(mode: str, tp_mesh=None) -> int:
     return sum(new.values()) + x.untyped_storage().nbytes()
 
 
+def head_kept_bytes(tp_mesh=None) -> int:
+    """Bytes the final norm and the output projection save for their backward on this rank, weights excluded."""
+    torch.manual_seed(0)
+    model = Transformer(CFG).to(torch.bfloat16)
+    if tp_mesh is not None:
+        apply_tp(model, tp_mesh, loss_parallel=True)
+    tp = tp_mesh.size() if tp_mesh is not None else 1
+    x = torch.randn(1, TOKENS // tp, CFG.dim, dtype=torch.bfloat16, requires_grad=True)  # sequence-sharded
+    skip = {_local(t).untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = _local(t).untyped_storage()
+        if storage.data_ptr() not in skip:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.output(model.norm(x))
+    return sum(saved.values())
+
+
 def not_counted(mode: str, tp: int) -> float:
     """Bytes per token the planner leaves out: attention's fp32 log-sum-exp per query head on the rank, and
     without recomputation each norm's fp32 scale per row of the rank's sequence shard."""
@@ -90,10 +114,15 @@ def test_one_rank_keeps_what_the_planner_counts(mode):
     assert kept_bytes(mode) / TOKENS == planned + not_counted(mode, 1)
 
 
+def test_the_head_keeps_what_the_planner_counts():
+    # the norm's input and the output projection's (the norm's output); the norm's fp32 scale per row is not counted
+    assert head_kept_bytes() / TOKENS == head_activation_bytes(ModelShape(CFG, TOKENS), 1) + 4
+
+
 def _tp_worker(rank: int, out_dir: str) -> None:
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({mode: kept_bytes(mode, mesh["tp"]) for mode in MODES}, f)
+        json.dump({**{mode: kept_bytes(mode, mesh["tp"]) for mode in MODES}, "head": head_kept_bytes(mesh["tp"])}, f)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +140,12 @@ def test_tensor_parallel_ranks_keep_what_the_planner_counts(tensor_parallel, mod
     planned = layer_activation_bytes(ModelShape(CFG, TOKENS), 2, mode)
     for rank in tensor_parallel:
         assert rank[mode] / TOKENS == planned + not_counted(mode, 2)
+
+
+def test_tensor_parallel_heads_keep_what_the_planner_counts(tensor_parallel):
+    # the norm's sequence-sharded input, and the output projection's input gathered over the sequence
+    for rank in tensor_parallel:
+        assert rank["head"] / TOKENS == head_activation_bytes(ModelShape(CFG, TOKENS), 2) + 4 / 2
 
 
 def _fsdp_worker(rank: int, out_dir: str) -> None:
