@@ -88,6 +88,10 @@ class MemoryAssumptions:
     # them for ``step``'s return value): "all" before PyTorch #153383 (May 2025), then "last" (the logits);
     # "none" with ``step(return_outputs=False)``, as smelt's trainer calls it (``KEPT_OUTPUTS``)
     kept_outputs: str = "none"
+    # Where a stage past the first keeps its inputs' gradients, every micro-batch's, as ``.grad`` of its receive
+    # buffers until the next step: "all" schedules before PyTorch #164329 (October 2025), since then "split" (those
+    # whose input backward is split from the weights', ZB-V; tests/infra/test_pipeline_inflight.py), or "none"
+    kept_input_grads: str = "split"
 
 
 @dataclass(frozen=True)
@@ -230,19 +234,30 @@ def inflight_microbatches(layout: Layout, microbatches: int, chunks: tuple[int, 
 
 
 KEPT_OUTPUTS = ("none", "last", "all")
+KEPT_INPUT_GRADS = ("none", "split", "all")
+SPLIT_BACKWARD_SCHEDULES = ("ZBVZeroBubble",)
+
+
+def keeps_input_grads(layout: Layout, kept_input_grads: str) -> bool:
+    """Whether this layout's stages past the first keep their inputs' gradients until the next step."""
+    if kept_input_grads not in KEPT_INPUT_GRADS:
+        raise ValueError(f"kept_input_grads must be one of {', '.join(KEPT_INPUT_GRADS)}, got {kept_input_grads!r}")
+    return kept_input_grads == "all" or (kept_input_grads == "split" and layout.pp_schedule in SPLIT_BACKWARD_SCHEDULES)
 
 
 def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, tokens: int,
-                          kept_outputs: str = "none") -> float:
+                          kept_outputs: str = "none", kept_input_grads: str = "none") -> float:
     """What torch.distributed.pipelining holds on rank 0 besides the layers' saved activations, in units of
     the tensor passed between stages (a micro-batch's sequence-sharded bf16 hidden states): each stage
     allocates a receive buffer per micro-batch for the gradient from the next stage and, unless it is the
     first, for the activation from the previous one (``PipelineStage._prepare_forward_infra`` and
     ``_prepare_backward_infra``; an activation in flight is its first layer's saved input, counted there),
     and keeps each forward's output until its backward (``fwd_cache``), or, with ``kept_outputs="all"``, every
-    micro-batch's until the next step (``output_chunks``)."""
+    micro-batch's until the next step (``output_chunks``); where ``keeps_input_grads``, a stage past the first
+    also keeps each micro-batch's input gradient until then."""
     if kept_outputs not in KEPT_OUTPUTS:
         raise ValueError(f"kept_outputs must be one of {', '.join(KEPT_OUTPUTS)}, got {kept_outputs!r}")
+    input_grads = microbatches if keeps_input_grads(layout, kept_input_grads) else 0
     if layout.pp == 1:
         return 0.0
     stages = layout.pp * layout.virtual_stages
@@ -252,8 +267,8 @@ def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, 
     for stage, held in zip(ids, inflight_forwards(layout, microbatches)):
         if stage != stages - 1:  # gradient receive buffers, and outputs kept until their backward (or the step's end)
             count += microbatches + (microbatches if kept_outputs == "all" else held)
-        if stage != 0:  # activation receive buffers not holding an input in flight
-            count += microbatches - held
+        if stage != 0:  # activation receive buffers not holding an input in flight, and the inputs' gradients
+            count += microbatches - held + input_grads
     return count * _boundary_bytes(shape, layout, tokens)
 
 
@@ -300,9 +315,12 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     loss = tokens * shape.cfg.vocab_size / layout.tp * per_logit
     kept = 0.0
     if a.torch_pipelining and layout.pp > 1:
-        first_stage += pipeline_buffer_bytes(shape, layout, microbatches, tokens, a.kept_outputs)
-        # the last stage (1F1B: one micro-batch in flight) holds the other micro-batches' receive buffers
-        last_stage += (microbatches - 1) * _boundary_bytes(shape, layout, tokens)
+        first_stage += pipeline_buffer_bytes(shape, layout, microbatches, tokens, a.kept_outputs,
+                                             a.kept_input_grads)
+        # the last stage (1F1B: one micro-batch in flight) holds the other micro-batches' receive buffers, and
+        # perhaps every micro-batch's input gradient
+        input_grads = microbatches if keeps_input_grads(layout, a.kept_input_grads) else 0
+        last_stage += (microbatches - 1 + input_grads) * _boundary_bytes(shape, layout, tokens)
         kept = kept_logits_bytes(shape, layout, microbatches, tokens, a.kept_outputs)
     # The ring's buffers live during a layer's backward, after the loss and the head have freed theirs on the
     # rank with the loss; the kept outputs stay.

@@ -71,6 +71,7 @@ class Stack:
     tp_overlap_kind: str = "torch"  # infra.timing: te (Transformer Engine userbuffers) | torch (PyTorch async TP)
     torch_pipelining: bool = True  # pipeline stages run by torch.distributed.pipelining (infra.memory)
     kept_outputs: str = "none"  # the stages whose outputs torch's pipeline schedule keeps (infra.memory)
+    kept_input_grads: str = "split"  # where stages keep their inputs' gradients until the next step (infra.memory)
 
     @property
     def constant(self) -> str:
@@ -119,12 +120,12 @@ STACKS = {
     # zeros_like(x), exp(x) and their sum (16 bytes).
     "torchtitan": Stack("torchtitan", "torchtitan (PyTorch FSDP2/TP/PP, torch.compile, torchao float8)",
                         saves="torchtitan", tp_overlap=False, logits_bytes=12, loss_parallel_logits_bytes=16,
-                        kept_outputs="all"),
+                        kept_outputs="all", kept_input_grads="all"),
     # June 2025 (e7c0cae): components/loss.py compiles the loss with the model, which fuses the fp32 upcast:
     # bf16 logits and their bf16 gradient, 4 bytes per entry. Same kernels otherwise.
     "torchtitan-2506": Stack("torchtitan-2506", "torchtitan, June 2025 (compiled loss)", saves="torchtitan",
                              tp_overlap=False, logits_bytes=4, efficiency="torchtitan", system="torchtitan",
-                             kept_outputs="last"),
+                             kept_outputs="last", kept_input_grads="all"),
 }
 
 # NeMo 24.03.01: NeMo's recipes, but its container's cuDNN (early 2024) predates the one that the
@@ -390,7 +391,8 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes,
                                loss_parallel_logits_bytes=stack.loss_parallel_logits_bytes, grad_bytes=stack.grad_bytes,
                                fp8_params=stack.fp8_params, torch_pipelining=stack.torch_pipelining,
-                               kept_outputs=stack.kept_outputs, headroom=0.0)
+                               kept_outputs=stack.kept_outputs, kept_input_grads=stack.kept_input_grads,
+                               headroom=0.0)
     best: Scored | None = None
     for layout in _layouts(run, shape):
         if check_shape(layout, shape, device.gpus_per_node, run.global_batch, trainer_only=False):

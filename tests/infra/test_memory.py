@@ -166,3 +166,25 @@ def test_outputs_torch_keeps_until_the_next_step_are_counted_where_the_stack_kee
     assert last.logits - smelt.logits == pytest.approx(logits) and last.total > smelt.total
     with pytest.raises(ValueError, match="kept_outputs"):
         pipeline_buffer_bytes(shape, layout, 8, 8192, "some")
+
+
+def test_input_gradients_kept_until_the_next_step_count_on_stages_past_the_first():
+    # torch before #164329 kept every micro-batch's input gradient on each stage past the first; this torch does
+    # under ZB-V's split backward only
+    from infra.memory import keeps_input_grads, pipeline_buffer_bytes
+    shape, h100 = ModelShape(PRESETS["8b"], 8192), gpu("h100")
+    one_f_one_b = Layout(tp=2, pp=4, dp_replicate=1, dp_shard=2, zero=1, micro_batch=1, activation_checkpoint="full")
+    interleaved = dataclasses.replace(one_f_one_b, virtual_stages=2, pp_schedule="Interleaved1F1B")
+    zbv = dataclasses.replace(interleaved, pp_schedule="ZBVZeroBubble")
+    boundary = 8192 * 4096 * 2 / 2
+    assert pipeline_buffer_bytes(shape, one_f_one_b, 8, 8192, kept_input_grads="all") == \
+        pipeline_buffer_bytes(shape, one_f_one_b, 8, 8192)  # rank 0 holds only the first stage
+    for layout in (interleaved, zbv):  # rank 0's second stage keeps 8
+        assert pipeline_buffer_bytes(shape, layout, 8, 8192, kept_input_grads="all") - \
+            pipeline_buffer_bytes(shape, layout, 8, 8192) == 8 * boundary
+    assert [keeps_input_grads(x, "split") for x in (one_f_one_b, interleaved, zbv)] == [False, False, True]
+    old = memory_per_rank(shape, one_f_one_b, h100, 8, MemoryAssumptions(kept_input_grads="all"))
+    new = memory_per_rank(shape, one_f_one_b, h100, 8, MemoryAssumptions(kept_input_grads="none"))
+    assert old.activations - new.activations == pytest.approx(8 * boundary)  # the rank with the loss here
+    with pytest.raises(ValueError, match="kept_input_grads"):
+        keeps_input_grads(zbv, "some")

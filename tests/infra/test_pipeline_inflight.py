@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from infra.layout import Layout, ModelShape
-from infra.memory import inflight_forwards, inflight_microbatches, kept_logits_bytes, pipeline_buffer_bytes
+from infra.memory import (inflight_forwards, inflight_microbatches, keeps_input_grads, kept_logits_bytes,
+                           pipeline_buffer_bytes)
 from infra.pipeline_order import makespan, zbv_order
 from tasks.llama import Transformer
 from tasks.model_config import preset
@@ -60,11 +61,16 @@ def _worker(rank: int, out_dir: str, pp: int, microbatches: int) -> None:
             infos = [*(i for infos in stage.args_recv_info.values() for i in infos),
                      *(i for infos in stage.grad_recv_info.values() for i in (infos or ()))]
             buffers += sum(i.buffer.numel() for i in infos if getattr(i, "buffer", None) is not None)
+        # the inputs' gradients the stages keep after the step, as ``.grad`` of their receive buffers
+        input_grads = sum(i.buffer.grad.numel() for stage in stages for infos in stage.args_recv_info.values()
+                          for i in infos if getattr(i, "buffer", None) is not None and i.buffer.grad is not None)
         # a step that returns its outputs, as torch's default and torchtitan's call: the stages keep them after it
         pipe.step(*((tokens,) if first else ()), target=tokens if last else None, losses=[] if last else None)
         kept = sum(t.numel() * t.element_size() for s in stages for t in s.output_chunks)
         result[schedule] = {"peak": {str(k): v for k, v in sorted(peak.items())},
-                            "buffers": buffers / (SEQ * model.tok_embeddings.embedding_dim), "kept": kept}
+                            "buffers": buffers / (SEQ * model.tok_embeddings.embedding_dim), "kept": kept,
+                            "input_grads": input_grads / (SEQ * model.tok_embeddings.embedding_dim),
+                            "stages": [s.stage_index for s in stages]}
         if schedule != "1F1B":  # every rank's actions, as this rank's schedule will run them
             result[schedule]["order"] = [[[KINDS[a.computation_type.name], a.stage_index, a.microbatch_index]
                                           for a in pipe.pipeline_order[r] if a is not None] for r in range(pp)]
@@ -135,6 +141,16 @@ def test_a_step_that_returns_outputs_keeps_the_last_stages_logits_the_planner_co
     counted = kept_logits_bytes(shape, layout, microbatches, SEQ, "last", logit_bytes=4)  # the tiny model is fp32
     holders = [r[schedule]["kept"] for r in ranks if r[schedule]["kept"]]
     assert holders == [counted] and counted == microbatches * SEQ * VOCAB * 4
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_stages_keep_their_inputs_gradients_where_the_planner_counts_them(measured_ranks, schedule):
+    # this torch frees them as it sends them, except under a split input backward (ZB-V): kept_input_grads="split"
+    pp, microbatches, ranks = measured_ranks
+    keeps = keeps_input_grads(_layout(schedule, pp), "split")
+    for r in ranks:
+        past_first = sum(1 for s in r[schedule]["stages"] if s != 0)
+        assert r[schedule]["input_grads"] == (microbatches * past_first if keeps else 0)
 
 
 def test_the_zbv_order_the_planner_simulates_is_the_one_torch_builds(measured):
