@@ -195,6 +195,7 @@ BRIDGE_2511 = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, 
 FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md, table "
 TITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Table "
 TRAINY = "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md"
+ASYNC_TP = "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, "
 MEGATRON_SEARCH = ("mb", "vp", "ac")
 
 RUNS: list[Run] = [
@@ -324,6 +325,18 @@ RUNS: list[Run] = [
         fp8_all_gather=True),
     Run("titan-h200-8b-64", "torchtitan-2506", TRAINY, "Llama 3.1 8B", PRESETS["8b"], "h200", 64, 8192, 128,
         "tp=1,mb=2,ac=selective", "fp8", 10753, "tokens/s/GPU", memory_gib=46.97, fp8_all_gather=True),
+    # June 2025, vanilla and async TP on Grand Teton (torch.compile; FSDP × TP8, the local batch one micro-batch).
+    # Its float8 rowwise rows are left out: the planner has no rowwise recipe (tensorwise scales only), and the
+    # source calls their vanilla-TP baseline a known slowdown (pytorch/torchtitan#1207).
+    *[Run(f"titan-2506-{model}-{gpus}-{precision}{'-asynctp' if asynctp else ''}", "torchtitan-2506",
+          ASYNC_TP + f"Llama3 {model} table ({'async' if asynctp else 'vanilla'} TP, {precision})",
+          f"Llama 3.1 {model.upper()}", PRESETS[model], "h100-96gb-500w", gpus, 8192, batch, layout, precision, tps,
+          "tokens/s/GPU", tp_overlap=asynctp)
+      for model, gpus, batch, layout, rows in (
+          ("70b", 256, 16 * 32, "tp=8,mb=16,ac=full", (("bf16", 597.3, 652.4), ("fp8", 809.8, 942.4))),
+          ("8b", 64, 12 * 8, "tp=8,mb=12,ac=selective", (("bf16", 4378, 4809.4), ("fp8", 5078.1, 5570.1))))
+      for precision, vanilla, asynced in rows
+      for asynctp, tps in ((False, vanilla), (True, asynced))],
 ]
 
 # Solved by ``fit()`` on the rows marked ``fits`` (tests/infra/test_validation.py re-fits them).
