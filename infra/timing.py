@@ -9,7 +9,8 @@ at ``attention`` × that rate, scaled by their measured speed, see ``attention_s
 under full recomputation, attention's included; selective recomputation reruns
 only memory-bound ops), the memory-bound ops themselves at HBM bandwidth (norms, residual adds, rotary,
 SwiGLU, the loss), the tensor-parallel collectives over NVLink (with sequence parallel: an all-gather and a
-reduce-scatter around attention and around the MLP, each way, so 8 per layer, 12 with recomputation) and
+reduce-scatter around attention and around the MLP, each way, so 8 per layer, 12 with recomputation, 10 under
+a selective policy that keeps no all-gather output, ``selective_recomputed_gathers``) and
 the pipeline send/receive (NVLink between stages on one node, else the NIC). Bandwidths are ring bandwidths:
 (n-1)/n of the message crosses each GPU's link; a group spread over nodes with k members per node uses k NICs
 at once.
@@ -80,6 +81,9 @@ class TimingAssumptions:
     layer_overhead_s: float = 0.0  # seconds per layer and pass that do not scale with tokens (backward: 2)
     loss_bytes: float = 12.0  # HBM bytes the loss moves per logit, forward and backward
     tp_overlap_kind: str = "torch"  # te (Transformer Engine userbuffers) | torch (PyTorch async TP)
+    # Sequence-parallel all-gathers per layer that selective recomputation runs again in the backward, because its
+    # policy does not keep their outputs (torchtitan's per-op policy: 2; smelt's trainer keeps every collective's)
+    selective_recomputed_gathers: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.fp8_speedup <= 4:
@@ -271,9 +275,10 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
         recompute = tokens * layers * _selective_recompute_bytes(shape, layout.tp) / hbm
 
     activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation on this rank
-    tp_collectives = 8 * layers + 4 * recomputed
+    regathered = a.selective_recomputed_gathers * layers if layout.activation_checkpoint == "selective" else 0
+    tp_collectives = 8 * layers + 4 * recomputed + regathered
     if fp8 and a.fp8_tp_gathers:  # the forward all-gathers before q/k/v and w1/w3 carry the FP8-cast inputs
-        tp_collectives -= (2 * layers + 2 * recomputed) / 2
+        tp_collectives -= (2 * layers + 2 * recomputed + regathered) / 2
     collective = _ring(layout.tp) * activation / nvlink
     tp = _hidden(tp_collectives * collective, compute + recompute, layers, a.tp_overlap)
     if a.tp_overlap > 0 and layout.tp > 1:
