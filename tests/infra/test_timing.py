@@ -6,7 +6,7 @@ import pytest
 
 from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape, split_stages
-from infra.timing import TimingAssumptions, attention_seconds, step_time
+from infra.timing import ASYNC_TP_HIDDEN, TimingAssumptions, attention_seconds, step_time
 from tasks.model_config import PRESETS
 
 
@@ -127,12 +127,15 @@ def test_tensor_parallel_traffic_is_eight_ring_collectives_per_layer_over_nvlink
 
 def test_overlapped_tensor_parallel_leaves_the_last_reduce_scatter_chunk_exposed():
     # Transformer Engine pipelines the two forward reduce-scatters per layer in 4 splits; PyTorch's async TP
-    # fuses all four (forward and backward) in tp chunks. The compute window here hides everything else.
+    # fuses all four (forward and backward) in tp chunks, and hides its fitted share of the 8 collectives per
+    # layer. The compute window here hides everything else.
     shape, h100 = ModelShape(PRESETS["70b"], 8192), gpu("h100")
     layout = Layout(tp=4, pp=1, dp_replicate=1, dp_shard=1024, zero=3, micro_batch=1)
     collective = 3 / 4 * (8192 * 8192 * 2) / (450e9 * 0.8)
-    for kind, exposed in (("te", 2 * 80 / 4), ("torch", 4 * 80 / 4)):
-        overlap = TimingAssumptions(tp_overlap=0.9, tp_overlap_kind=kind)
+    cases = (("te", ASYNC_TP_HIDDEN, 2 * 80 / 4), ("torch", ASYNC_TP_HIDDEN, 8 * 80 * (1 - ASYNC_TP_HIDDEN)),
+             ("torch", 1.0, 4 * 80 / 4))  # hiding it all leaves the last chunk's share
+    for kind, hidden, exposed in cases:
+        overlap = TimingAssumptions(tp_overlap=0.9, tp_overlap_kind=kind, async_tp_hidden=hidden)
         step = step_time(shape, layout, h100, global_seqs=2048, a=overlap)
         assert step.tp_comm == pytest.approx(2 * exposed * collective), kind  # 2 micro-batches per rank
     with pytest.raises(ValueError, match="tp_overlap_kind"):
