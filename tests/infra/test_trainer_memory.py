@@ -44,33 +44,44 @@ def _live_storages() -> dict[int, int]:
     return sizes
 
 
+def _model(tp_mesh=None) -> tuple[Transformer, torch.Tensor]:
+    """The tiny bf16 model (with the trainer's TP plan on ``tp_mesh``) and a sequence-sharded input."""
+    torch.manual_seed(0)
+    model = Transformer(CFG).to(torch.bfloat16)
+    if tp_mesh is not None:
+        apply_tp(model, tp_mesh, loss_parallel=True)
+    tp = tp_mesh.size() if tp_mesh is not None else 1
+    return model, torch.randn(1, TOKENS // tp, CFG.dim, dtype=torch.bfloat16, requires_grad=True)
+
+
+def _saved_bytes(model: Transformer, forward) -> int:
+    """Bytes of the tensors autograd's saved-tensor hooks receive while ``forward()`` runs, each storage
+    once, the model's weights and buffers excluded."""
+    skip = {_local(t).untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = _local(t).untyped_storage()
+        if storage.data_ptr() not in skip:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward()
+    return sum(saved.values())
+
+
 def kept_bytes(mode: str, tp_mesh=None) -> int:
     """Bytes one block's forward leaves for its backward on this rank, each storage once, weights and
     buffers excluded. Without recomputation: the tensors autograd's saved-tensor hooks receive. With it,
     the checkpoint keeps its inputs (the block's input) and the selective policy's outputs as Python
     tensors: those that appeared during the forward, and the input."""
-    torch.manual_seed(0)
-    model = Transformer(CFG).to(torch.bfloat16)
-    if tp_mesh is not None:
-        apply_tp(model, tp_mesh, loss_parallel=True)
+    model, x = _model(tp_mesh)
     if mode != "none":
         apply_ac(model, mode)
-    tp = tp_mesh.size() if tp_mesh is not None else 1
-    x = torch.randn(1, TOKENS // tp, CFG.dim, dtype=torch.bfloat16, requires_grad=True)  # sequence-sharded
     block, rope = model.layers["0"], model.rope[:TOKENS]
     if mode == "none":
-        skip = {_local(t).untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-        saved = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = _local(t).untyped_storage()
-            if storage.data_ptr() not in skip:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            block(x, rope)
-        return sum(saved.values())
+        return _saved_bytes(model, lambda: block(x, rope))
     gc.collect()
     before = _live_storages()
     out = _local(block(x, rope))
@@ -82,24 +93,8 @@ def kept_bytes(mode: str, tp_mesh=None) -> int:
 
 def head_kept_bytes(tp_mesh=None) -> int:
     """Bytes the final norm and the output projection save for their backward on this rank, weights excluded."""
-    torch.manual_seed(0)
-    model = Transformer(CFG).to(torch.bfloat16)
-    if tp_mesh is not None:
-        apply_tp(model, tp_mesh, loss_parallel=True)
-    tp = tp_mesh.size() if tp_mesh is not None else 1
-    x = torch.randn(1, TOKENS // tp, CFG.dim, dtype=torch.bfloat16, requires_grad=True)  # sequence-sharded
-    skip = {_local(t).untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    saved = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = _local(t).untyped_storage()
-        if storage.data_ptr() not in skip:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.output(model.norm(x))
-    return sum(saved.values())
+    model, x = _model(tp_mesh)
+    return _saved_bytes(model, lambda: model.output(model.norm(x)))
 
 
 def not_counted(mode: str, tp: int) -> float:
