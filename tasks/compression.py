@@ -5,8 +5,8 @@ A truncated stream raises ``EOFError`` after every byte decoded before the cut; 
 ``GAP`` in a chunk stream (``CorruptData`` from a file-like one), and decoding resumes at the next
 member's magic, so a reader can count the records lost with that member alone. ``MEMBER_END`` marks
 where a member (stream, frame) ended with its checksum held, so readers can hold documents until the
-data they came from is verified. Output is capped per call (zstd: per input chunk), so one record never
-sits in memory whole.
+data they came from is verified. Output is capped per call (zstd, whose decoder takes no cap, by feeding it
+a block at a time), so neither one record nor a small input that inflates to gigabytes sits in memory whole.
 """
 
 from __future__ import annotations
@@ -186,9 +186,106 @@ def _inflate_buffered(decoder: Any, data: bytes) -> Iterator[bytes]:
         out = decoder.decompress(b"", READ_CHUNK)
 
 
-def _inflate_zstd(decoder: Any, data: bytes) -> Iterator[bytes]:
-    if out := decoder.decompress(data):  # zstandard's decompressobj takes no output cap
-        yield out
+ZSTD_BLOCK_MAX = 128 << 10  # the most one zstd block regenerates (RFC 8878 §3.1.1.2)
+
+
+class _ZstdFrame:
+    """One zstd frame's decoder, fed a block at a time: zstandard's decompressobj takes no output cap, and a
+    block regenerates at most ``ZSTD_BLOCK_MAX``, so a few bytes of run-length blocks cannot inflate to
+    gigabytes in one call. It walks the frame's structure (header, block headers and sizes,
+    checksum; a skippable frame's size) to find where each block ends; the decoder validates all of it, so
+    a corrupt header that misleads the walk is still caught there, and at worst fed whole."""
+
+    def __init__(self, decompressobj: Any):
+        self._decoder = decompressobj
+        self._head = b""  # the frame or block header being read
+        self._state = "frame"  # frame | block | body (of a block, skippable frame or checksum) | end
+        self._body = 0  # bytes of the current body still to pass
+        self._last = self._checksum = False
+        self._rest: list[bytes] = []  # what ``_blocks`` has not handed out yet
+        self.unused_data = b""
+
+    @property
+    def eof(self) -> bool:
+        return self._decoder.eof
+
+    def inflate(self, data: bytes) -> Iterator[bytes]:
+        """``data`` through the decoder a block at a time, the output given out in chunks of at most
+        ``READ_CHUNK``, and at the end of ``data`` or the frame, as the other formats' decoders give it:
+        so a frame that fails its checksum before either gives out nothing."""
+        held, size = [], 0
+        for piece in self._blocks(data):
+            if out := self._decoder.decompress(piece):
+                held.append(out)
+                size += len(out)
+            if self._decoder.eof:
+                self.unused_data = self._decoder.unused_data + b"".join(self._rest)
+                break
+            if size > READ_CHUNK - ZSTD_BLOCK_MAX:
+                yield b"".join(held)
+                held, size = [], 0
+        if held:
+            yield b"".join(held)
+
+    def _blocks(self, data: bytes) -> Iterator[bytes]:
+        """``data`` cut where blocks end; ``self._rest`` holds what has not been handed out yet."""
+        start = i = 0
+        while i < len(data):
+            if self._state == "end":
+                break
+            if self._state == "body":
+                step = min(self._body, len(data) - i)
+                i, self._body = i + step, self._body - step
+                if not self._body:
+                    self._end_of_body()
+                    self._rest = [data[i:]]
+                    yield data[start:i]
+                    start = i
+                continue
+            self._head += data[i:i + 1]
+            i += 1
+            self._read_head()
+        self._rest = []
+        if start < len(data):
+            yield data[start:]
+
+    def _read_head(self) -> None:
+        head = self._head
+        if self._state == "frame":
+            if len(head) < 5:
+                return
+            if 0x184D2A50 <= int.from_bytes(head[:4], "little") <= 0x184D2A5F:  # skippable frame: 4-byte size
+                if len(head) == 8:
+                    self._state, self._body, self._last, self._checksum = "body", int.from_bytes(head[4:], "little"), True, False
+                    self._head = b""
+                    if not self._body:
+                        self._end_of_body()
+                return
+            descriptor = head[4]
+            single_segment = descriptor >> 5 & 1
+            content_size = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+            size = 5 + (not single_segment) + (0, 1, 2, 4)[descriptor & 3] + content_size
+            if len(head) == size:
+                self._state, self._checksum, self._head = "block", bool(descriptor >> 2 & 1), b""
+        elif self._state == "block" and len(head) == 3:
+            header = int.from_bytes(head, "little")
+            kind, size = header >> 1 & 3, header >> 3
+            self._state, self._last, self._head = "body", bool(header & 1), b""
+            self._body = 1 if kind == 1 else size  # a run-length block holds its one byte
+            if not self._body:
+                self._end_of_body()
+
+    def _end_of_body(self) -> None:
+        if not self._last:
+            self._state = "block"
+        elif self._checksum:
+            self._state, self._body, self._checksum = "body", 4, False
+        else:
+            self._state = "end"
+
+
+def _inflate_zstd(decoder: _ZstdFrame, data: bytes) -> Iterator[bytes]:
+    yield from decoder.inflate(data)
 
 
 Codec = tuple[bytes, Callable[[], Any], Callable[[Any, bytes], Iterator[bytes]], tuple[type[Exception], ...]]
@@ -205,5 +302,7 @@ def _codec(kind: str) -> Codec:
     if kind == "zstd":
         import zstandard  # imported when a zstd file is read, not for every format
 
-        return STREAM_MAGIC[kind], zstandard.ZstdDecompressor().decompressobj, _inflate_zstd, (zstandard.ZstdError,)
+        decompressor = zstandard.ZstdDecompressor()
+        return (STREAM_MAGIC[kind], lambda: _ZstdFrame(decompressor.decompressobj()), _inflate_zstd,
+                (zstandard.ZstdError,))
     raise ValueError(f"unknown compression {kind!r}")

@@ -70,9 +70,40 @@ def test_a_truncation_raises_after_the_bytes_decoded_before_it(kind):
         reader.read()
 
 
-@pytest.mark.parametrize("kind", ["gzip", "bz2", "xz"])
+@pytest.mark.parametrize("kind", COMPRESS)
 def test_output_is_capped_per_chunk_however_well_the_data_compresses(kind):
-    """64 MiB of zeros is a few kB compressed: no decoded chunk may exceed one read chunk."""
+    """64 MiB of zeros is a few kB compressed: no decoded chunk may exceed one read chunk (zstd's decoder
+    takes no cap: it is fed a block at a time)."""
     zeros = COMPRESS[kind](bytes(64 << 20))
     sizes = [len(c) for c in frames(io.BytesIO(zeros), kind) if c is not GAP]
     assert sum(sizes) == 64 << 20 and max(sizes) <= READ_CHUNK
+
+
+def test_zstd_streamed_frames_and_a_skippable_frame_are_walked_block_by_block():
+    # a streamed frame holds no content size and many blocks; a skippable frame (magic 0x184D2A5?) carries no data
+    streamed = zstandard.ZstdCompressor(write_checksum=True).compressobj()
+    first = streamed.compress(PARTS[0] * 200) + streamed.flush()
+    skippable = (0x184D2A53).to_bytes(4, "little") + (6).to_bytes(4, "little") + b"ignore"
+    plain = zstandard.ZstdCompressor(write_checksum=False).compress(PARTS[1])
+    data = first + skippable + plain + COMPRESS["zstd"](PARTS[2])
+    chunks = list(frames(io.BytesIO(data), "zstd", frame_ends=True))
+    assert GAP not in chunks and max(len(c) for c in chunks if c is not MEMBER_END) <= READ_CHUNK
+    assert decoded(data, "zstd") == [PARTS[0] * 200, MEMBER_END, MEMBER_END, PARTS[1], MEMBER_END, PARTS[2],
+                                     MEMBER_END]
+    # the walk holds its place across reads however the input is cut: here 7 bytes at a time
+    assert checked_stream(Trickle(data, 7), "zstd").read() == PARTS[0] * 200 + PARTS[1] + PARTS[2]
+
+
+class Trickle(io.RawIOBase):
+    """A stream that gives out at most ``step`` bytes per read."""
+
+    def __init__(self, data: bytes, step: int):
+        self._data, self._step = memoryview(data), step
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self._step, len(self._data))
+        buffer[:n], self._data = self._data[:n], self._data[n:]
+        return n
