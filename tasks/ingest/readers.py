@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 # Longest suffix first: ".warc.wet.gz" is WET, not WARC.
 FORMAT_SUFFIXES: tuple[tuple[str, str], ...] = (
     (".warc.wet.gz", "wet"), (".wet.gz", "wet"), (".wet", "wet"),
-    (".warc.gz", "warc"), (".warc.zst", "warc"), (".warc", "warc"),
+    (".warc.gz", "warc"), (".warc.zst", "warc"), (".warc.bz2", "warc"), (".warc.xz", "warc"), (".warc", "warc"),
     (".jsonl.gz", "jsonl"), (".jsonl.zst", "jsonl"), (".jsonl.bz2", "jsonl"), (".jsonl.xz", "jsonl"),
     (".jsonl", "jsonl"),
     (".json.gz", "jsonl"), (".ndjson", "jsonl"),

@@ -356,6 +356,25 @@ def test_records_of_a_one_frame_warc_zst_whose_checksum_fails_are_counted_never_
     assert len(cut) == stats["out"] >= 20 and reason_counts(stats) == {"failed.read_truncated_zstd": 1}
 
 
+@pytest.mark.parametrize("kind, compress", [("bz2", bz2.compress), ("xz", lzma.compress)])
+def test_a_warc_bz2_or_xz_is_read_and_its_records_wait_for_the_streams_check(tmp_path, warc_engine, kind, compress):
+    """One stream for the whole file: its records go out when its check at the end holds, and not at all
+    when it fails; a cut gives out what was decoded before it, counted."""
+    records = english_warc(0, 6)
+    clean, stats = read(write(tmp_path / "crawl.warc.gz", gzip_members(records)), warc_engine=warc_engine)
+    data = bytearray(compress(b"".join(records)))
+    docs, stats = read(write(tmp_path / f"crawl.warc.{kind}", bytes(data)), warc_engine=warc_engine)
+    assert [d.text for d in docs] == [d.text for d in clean] and reason_counts(stats) == {}
+    data[-2] ^= 0x01  # in the stream's closing check (bz2's combined CRC, xz's footer)
+    docs, stats = read(write(tmp_path / f"bad.warc.{kind}", bytes(data)), warc_engine=warc_engine)
+    faults = reason_counts(stats)  # decoded before the check failed, records are counted unverified; or none was
+    assert docs == [] and faults[f"failed.read_corrupt_{kind}"] == 1
+    assert set(faults) <= {f"failed.read_corrupt_{kind}", "failed.read_unverified_record"}
+    assert stats["in"] == sum(faults.values())
+    cut, stats = read(write(tmp_path / f"cut.warc.{kind}", bytes(data[:-3])), warc_engine=warc_engine)
+    assert len(cut) == stats["out"] and reason_counts(stats) == {f"failed.read_truncated_{kind}": 1}
+
+
 class CountingFile(io.BytesIO):
     def __init__(self, data: bytes):
         super().__init__(data)
