@@ -238,10 +238,14 @@ KEPT_INPUT_GRADS = ("none", "split", "all")
 SPLIT_BACKWARD_SCHEDULES = ("ZBVZeroBubble",)
 
 
+def _check_option(name: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}, got {value!r}")
+
+
 def keeps_input_grads(layout: Layout, kept_input_grads: str) -> bool:
     """Whether this layout's stages past the first keep their inputs' gradients until the next step."""
-    if kept_input_grads not in KEPT_INPUT_GRADS:
-        raise ValueError(f"kept_input_grads must be one of {', '.join(KEPT_INPUT_GRADS)}, got {kept_input_grads!r}")
+    _check_option("kept_input_grads", kept_input_grads, KEPT_INPUT_GRADS)
     return kept_input_grads == "all" or (kept_input_grads == "split" and layout.pp_schedule in SPLIT_BACKWARD_SCHEDULES)
 
 
@@ -255,8 +259,7 @@ def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, 
     and keeps each forward's output until its backward (``fwd_cache``), or, with ``kept_outputs="all"``, every
     micro-batch's until the next step (``output_chunks``); where ``keeps_input_grads``, a stage past the first
     also keeps each micro-batch's input gradient until then."""
-    if kept_outputs not in KEPT_OUTPUTS:
-        raise ValueError(f"kept_outputs must be one of {', '.join(KEPT_OUTPUTS)}, got {kept_outputs!r}")
+    _check_option("kept_outputs", kept_outputs, KEPT_OUTPUTS)
     input_grads = microbatches if keeps_input_grads(layout, kept_input_grads) else 0
     if layout.pp == 1:
         return 0.0
@@ -276,6 +279,7 @@ def kept_logits_bytes(shape: ModelShape, layout: Layout, microbatches: int, toke
                       logit_bytes: int = 2) -> float:
     """The last stage's outputs torch's schedule keeps until the next step (``kept_outputs`` "last" or "all"):
     every micro-batch's logits, vocabulary-sharded over tp, bf16 unless ``logit_bytes`` says otherwise."""
+    _check_option("kept_outputs", kept_outputs, KEPT_OUTPUTS)
     if layout.pp == 1 or kept_outputs == "none":
         return 0.0
     return microbatches * tokens * shape.cfg.vocab_size / layout.tp * logit_bytes

@@ -284,7 +284,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     if fp8 and a.fp8_tp_gathers:  # the forward all-gathers before q/k/v and w1/w3 carry the FP8-cast inputs
         tp_collectives -= (2 * layers + 2 * recomputed + regathered) / 2
     collective = _ring(layout.tp) * activation / nvlink
-    tp = _hidden(tp_collectives * collective, compute + recompute, layers, a.tp_overlap)
+    tp_comm = tp_collectives * collective
+    tp = _hidden(tp_comm, compute + recompute, layers, a.tp_overlap)
     if a.tp_overlap > 0 and layout.tp > 1:
         # Overlap splits a reduce-scatter's GEMM into chunks and sends each chunk's result while the next one
         # runs, so the last chunk's share is never hidden. Transformer Engine's userbuffers (initialize_ub
@@ -296,8 +297,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
         if a.tp_overlap_kind == "te":
             tp = max(tp, (2 * layers + 2 * recomputed) * collective / 4)
         else:
-            tp = max(tp_collectives * collective * (1 - a.async_tp_hidden),
-                     (4 * layers + 2 * recomputed) * collective / layout.tp)
+            tp = max(tp_comm * (1 - a.async_tp_hidden), (4 * layers + 2 * recomputed) * collective / layout.tp)
     pp = (layout.virtual_stages * activation / layout.tp * _pp_links(gpu, layout, nvlink, nic) * (1 - a.pp_overlap)
           if layout.pp > 1 else 0.0)
 

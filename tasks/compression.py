@@ -202,7 +202,6 @@ class _ZstdFrame:
         self._state = "frame"  # frame | block | body (of a block, skippable frame or checksum) | end
         self._body = 0  # bytes of the current body still to pass
         self._last = self._checksum = False
-        self._rest: list[bytes] = []  # what ``_blocks`` has not handed out yet
         self.unused_data = b""
 
     @property
@@ -213,13 +212,16 @@ class _ZstdFrame:
         """``data`` through the decoder a block at a time, the output given out in chunks of at most
         ``READ_CHUNK``, and at the end of ``data`` or the frame, as the other formats' decoders give it:
         so a frame that fails its checksum before either gives out nothing."""
-        held, size = [], 0
-        for piece in self._blocks(data):
-            if out := self._decoder.decompress(piece):
+        held, size, start = [], 0, 0
+        for end in self._block_ends(data):
+            if end == start:  # a block ended at the end of ``data``
+                continue
+            if out := self._decoder.decompress(data[start:end]):
                 held.append(out)
                 size += len(out)
+            start = end
             if self._decoder.eof:
-                self.unused_data = self._decoder.unused_data + b"".join(self._rest)
+                self.unused_data = self._decoder.unused_data + data[end:]
                 break
             if size > READ_CHUNK - ZSTD_BLOCK_MAX:
                 yield b"".join(held)
@@ -227,27 +229,21 @@ class _ZstdFrame:
         if held:
             yield b"".join(held)
 
-    def _blocks(self, data: bytes) -> Iterator[bytes]:
-        """``data`` cut where blocks end; ``self._rest`` holds what has not been handed out yet."""
-        start = i = 0
-        while i < len(data):
-            if self._state == "end":
-                break
+    def _block_ends(self, data: bytes) -> Iterator[int]:
+        """The positions in ``data`` where a block (or the frame) ends, then its end."""
+        i = 0
+        while i < len(data) and self._state != "end":
             if self._state == "body":
                 step = min(self._body, len(data) - i)
                 i, self._body = i + step, self._body - step
                 if not self._body:
                     self._end_of_body()
-                    self._rest = [data[i:]]
-                    yield data[start:i]
-                    start = i
+                    yield i
                 continue
             self._head += data[i:i + 1]
             i += 1
             self._read_head()
-        self._rest = []
-        if start < len(data):
-            yield data[start:]
+        yield len(data)
 
     def _read_head(self) -> None:
         head = self._head
@@ -256,8 +252,8 @@ class _ZstdFrame:
                 return
             if 0x184D2A50 <= int.from_bytes(head[:4], "little") <= 0x184D2A5F:  # skippable frame: 4-byte size
                 if len(head) == 8:
-                    self._state, self._body, self._last, self._checksum = "body", int.from_bytes(head[4:], "little"), True, False
-                    self._head = b""
+                    self._state, self._body, self._head = "body", int.from_bytes(head[4:], "little"), b""
+                    self._last, self._checksum = True, False
                     if not self._body:
                         self._end_of_body()
                 return
@@ -284,10 +280,6 @@ class _ZstdFrame:
             self._state = "end"
 
 
-def _inflate_zstd(decoder: _ZstdFrame, data: bytes) -> Iterator[bytes]:
-    yield from decoder.inflate(data)
-
-
 Codec = tuple[bytes, Callable[[], Any], Callable[[Any, bytes], Iterator[bytes]], tuple[type[Exception], ...]]
 
 
@@ -303,6 +295,6 @@ def _codec(kind: str) -> Codec:
         import zstandard  # imported when a zstd file is read, not for every format
 
         decompressor = zstandard.ZstdDecompressor()
-        return (STREAM_MAGIC[kind], lambda: _ZstdFrame(decompressor.decompressobj()), _inflate_zstd,
+        return (STREAM_MAGIC[kind], lambda: _ZstdFrame(decompressor.decompressobj()), _ZstdFrame.inflate,
                 (zstandard.ZstdError,))
     raise ValueError(f"unknown compression {kind!r}")

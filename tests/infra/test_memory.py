@@ -166,6 +166,8 @@ def test_outputs_torch_keeps_until_the_next_step_are_counted_where_the_stack_kee
     assert last.logits - smelt.logits == pytest.approx(logits) and last.total > smelt.total
     with pytest.raises(ValueError, match="kept_outputs"):
         pipeline_buffer_bytes(shape, layout, 8, 8192, "some")
+    with pytest.raises(ValueError, match="kept_outputs"):
+        kept_logits_bytes(shape, layout, 8, 8192, "some")
 
 
 def test_input_gradients_kept_until_the_next_step_count_on_stages_past_the_first():
