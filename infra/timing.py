@@ -8,9 +8,11 @@ Per micro-batch slot: forward+backward FLOPs of the stage (GEMMs at ``compute`` 
 at ``attention`` × that rate, scaled by their measured speed, see ``attention_seconds``; + one more forward
 under full recomputation, attention's included; selective recomputation reruns
 only memory-bound ops), the memory-bound ops themselves at HBM bandwidth (norms, residual adds, rotary,
-SwiGLU, the loss), the tensor-parallel collectives over NVLink (with sequence parallel: an all-gather and a
-reduce-scatter around attention and around the MLP, each way, so 8 per layer, 12 with recomputation, 10 under
-a selective policy that keeps no all-gather output, ``selective_recomputed_gathers``) and
+SwiGLU, the loss), the linear GEMMs' traffic on top of their math (``_gemm_activation_bytes``: what makes a
+TP shard of a small model slower per FLOP), the tensor-parallel collectives over NVLink (with sequence
+parallel: an all-gather and a reduce-scatter around attention and around the MLP, each way, so 8 per layer,
+12 with recomputation, 10 under a selective policy that keeps no all-gather output,
+``selective_recomputed_gathers``) and
 the pipeline send/receive (NVLink between stages on one node, else the NIC). Bandwidths are ring bandwidths:
 (n-1)/n of the message crosses each GPU's link; a group spread over nodes with k members per node uses k NICs
 at once.
@@ -47,11 +49,11 @@ from infra.pipeline_order import zbv_bubble
 # Fitted in infra/validation.py (FITTED; tests/infra/test_validation.py keeps these equal): torchao float8's
 # GEMM speed-up on H100 (the PyTorch path smelt's trainer would take) and attention's rate relative to the
 # GEMMs' (FlashAttention-2 at 16K; see attention_seconds).
-FP8_SPEEDUP = 1.732
-ATTENTION_RATE = 0.4725
+FP8_SPEEDUP = 1.7493
+ATTENTION_RATE = 0.4352
 # The share of the tensor-parallel collectives' time that PyTorch's async TP hides, fitted on torchtitan's 70B
 # with and without it; smelt's trainer runs none.
-ASYNC_TP_HIDDEN = 0.6317
+ASYNC_TP_HIDDEN = 0.7884
 
 # Attention kernels on an H100 SXM5, head dim 128, bf16, TFLOP/s by the sequence length of the call (512 … 16K):
 # forward with the causal mask, forward without, backward without (FlashAttention-3 paper, Shah et al. 2024,
@@ -216,6 +218,26 @@ def _elementwise_bytes(shape: ModelShape, tp: int) -> float:
     return (52 * h + 8 * kv + 16 * f) / tp
 
 
+def _gemm_activation_bytes(shape: ModelShape, tp: int, fp8: bool) -> float:
+    """HBM bytes per token and layer the linear GEMMs move for their activations, forward and backward,
+    taken as time added to their math (no overlap), which is what makes narrow shards slow: a GEMM with i
+    inputs and o outputs per token on this rank reads its input and writes its output (forward), reads the
+    output gradient and writes the input gradient (input-gradient GEMM), and reads both again (weight
+    gradient): (2b + 2)(i + o) bytes against 6·i·o FLOPs, b the operand bytes (2 bf16, 1 FP8; results are
+    written in bf16). Under TP the full-width side of each shard is not divided: a column-parallel GEMM reads
+    the whole gathered hidden state, a row-parallel one writes whole partial sums. The weights' own traffic,
+    the same (2b + 2) bytes per parameter, is paid once per micro-batch (``step_time``)."""
+    c = shape.cfg
+    h, q, kv, f = c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
+    mlp_in, mlp_out = ((h, 4 * h),), (4 * h, h)  # a GPT block's GELU MLP (ModelShape.gelu_mlp)
+    if not shape.gelu_mlp:
+        mlp_in, mlp_out = ((h, f), (h, f)), (f, h)
+    column = ((h, q), (h, kv), (h, kv), *mlp_in)  # q, k, v, w1 (and w3): outputs sharded
+    row = ((q, h), mlp_out)  # wo, w2: inputs sharded
+    per_token = sum(i + o / tp for i, o in column) + sum(i / tp + o for i, o in row)
+    return (2 * (1 if fp8 else 2) + 2) * per_token
+
+
 def _fp8_cast_bytes(shape: ModelShape, tp: int) -> float:
     """HBM bytes per token and layer for FP8 casts: linear inputs q/k/v, wo, w1/w3, w2 (3h + f) forward and
     the output gradients (h + 2kv), h, 2f, h backward, 6 bytes per element (see the module docstring)."""
@@ -259,7 +281,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     attention_fwd_s, attention_bwd_s = attention_seconds(shape, layout, gpu, a)
     attention_s = attention_fwd_s + attention_bwd_s
     layer_s = (linear_flops / layout.tp / (rate * (a.fp8_speedup if fp8 else 1.0)) + attention_s
-               + _elementwise_bytes(shape, layout.tp) / hbm)
+               + (_elementwise_bytes(shape, layout.tp) + _gemm_activation_bytes(shape, layout.tp, fp8)) / hbm)
     if fp8:
         layer_s += _fp8_cast_bytes(shape, layout.tp) / hbm
     # the logits matmul, then the loss reads and writes the logits (bf16 and fp32 softmax, forward and back)
@@ -270,6 +292,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     compute = tokens * max(loads) + 3 * a.layer_overhead_s * layers  # forward once, backward twice
     if fp8:  # weights cast to FP8 once per micro-batch
         compute += 6 * layers * shape.layer_params / layout.tp / hbm
+    # the GEMMs' weights: read by the forward and the input-gradient GEMM, their gradient written, per micro-batch
+    compute += (2 * (1 if fp8 else 2) + 2) * layers * shape.layer_params / layout.tp / hbm
 
     recompute, recomputed = 0.0, 0
     if layout.activation_checkpoint == "full":  # the whole forward again, collectives included

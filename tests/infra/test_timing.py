@@ -6,7 +6,7 @@ import pytest
 
 from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape, split_stages
-from infra.timing import ASYNC_TP_HIDDEN, TimingAssumptions, attention_seconds, step_time
+from infra.timing import ASYNC_TP_HIDDEN, TimingAssumptions, _gemm_activation_bytes, attention_seconds, step_time
 from tasks.model_config import PRESETS
 
 
@@ -68,10 +68,26 @@ def _attention(rate, seq=2048):
 def _seconds_per_token(shape, rate, hbm=3.35e12):
     """Hand count for the 125m model (h 768, kv 256, f 2048, 12 layers, vocabulary 32,000): linear GEMMs at
     ``rate``, attention at FlashAttention-2's measured rate, the memory-bound ops (52h + 8kv + 16f bytes per
-    layer) and the loss (12 bytes per logit) at HBM speed."""
+    layer), the GEMMs' activations (6 bytes per input and output of q, k, v, wo, w1, w3, w2) and their weights
+    (6 bytes per parameter and micro-batch of one 2,048-token sequence), and the loss (12 bytes per logit) at
+    HBM speed."""
+    gemms = 6 * ((768 + 768) + 2 * (768 + 256) + (768 + 768) + 3 * (768 + 2048))
     layer = ((shape.layer_flops - shape.attention_flops) / rate + sum(_attention(rate))
-             + (52 * 768 + 8 * 256 + 16 * 2048) / hbm)
-    return layer, 12 * layer + shape.output_flops / rate + 12 * 32000 / hbm
+             + (52 * 768 + 8 * 256 + 16 * 2048 + gemms) / hbm)
+    weights = 6 * 12 * shape.layer_params / 2048 / hbm
+    return layer, 12 * layer + weights + shape.output_flops / rate + 12 * 32000 / hbm
+
+
+def test_a_tensor_parallel_shard_of_a_narrow_model_moves_the_most_gemm_bytes_per_flop():
+    # A shard keeps the full-width side of each GEMM, so bytes per FLOP grow with tp and shrink with width.
+    def per_flop(name, tp, fp8=False):
+        shape = ModelShape(PRESETS[name], 8192)
+        return _gemm_activation_bytes(shape, tp, fp8) / ((shape.layer_flops - shape.attention_flops) / tp)
+    assert per_flop("8b", 8) > 3 * per_flop("8b", 1)
+    assert per_flop("8b", 8) > 1.5 * per_flop("70b", 8) and per_flop("8b", 1) > 1.5 * per_flop("70b", 1)
+    assert per_flop("8b", 8, fp8=True) == pytest.approx(per_flop("8b", 8) * 4 / 6)  # FP8 operands, bf16 results
+    # the 8B at TP8 on an H100: GEMM traffic adds a fifth to its bf16 math at the fitted efficiency
+    assert 0.15 < per_flop("8b", 8) * 0.6 * 989e12 / 3.35e12 < 0.25
 
 
 def test_one_gpu_without_communication_runs_at_the_compute_efficiency_plus_memory_bound_ops():
