@@ -6,16 +6,15 @@ weight-gradient work fills part of it, ``infra.pipeline_order``) + the data-para
 cannot hide.
 Per micro-batch slot: forward+backward FLOPs of the stage (GEMMs at ``compute`` × peak, attention's kernels
 at ``attention`` × that rate, scaled by their measured speed, see ``attention_seconds``; + one more forward
-under full recomputation, attention's included; selective recomputation reruns
-only memory-bound ops), the memory-bound ops themselves at HBM bandwidth (norms, residual adds, rotary,
-SwiGLU, the loss), the linear GEMMs' traffic on top of their math (``_gemm_activation_bytes``: what makes a
-TP shard of a small model slower per FLOP), the tensor-parallel collectives over NVLink (with sequence
-parallel: an all-gather and a reduce-scatter around attention and around the MLP, each way, so 8 per layer,
-12 with recomputation, 10 under a selective policy that keeps no all-gather output,
-``selective_recomputed_gathers``) and
-the pipeline send/receive (NVLink between stages on one node, else the NIC). Bandwidths are ring bandwidths:
-(n-1)/n of the message crosses each GPU's link; a group spread over nodes with k members per node uses k NICs
-at once.
+under full recomputation, attention's included; selective recomputation reruns memory-bound ops and the
+matmuls its policy does not keep, ``SELECTIVE_POLICIES``), the memory-bound ops themselves at HBM bandwidth
+(norms, residual adds, rotary, SwiGLU, the loss), the linear GEMMs' traffic on top of their math
+(``_gemm_activation_bytes``: what makes a TP shard of a small model slower per FLOP), the tensor-parallel
+collectives over NVLink (with sequence parallel: an all-gather and a reduce-scatter around attention and around
+the MLP, each way, so 8 per layer, 12 with recomputation, 10 under a selective policy that keeps no all-gather
+output, ``SELECTIVE_POLICIES``) and the pipeline send/receive (NVLink between stages on one node, else the
+NIC). Bandwidths are ring bandwidths: (n-1)/n of the message crosses each GPU's link; a group spread over
+nodes with k members per node uses k NICs at once.
 
 MFU counts model FLOPs only (6N + 12·L·H·Q·T per token, ``ModelConfig.flops_per_token``), as the trainer
 reports it, so recomputation lowers MFU. It is always against the dense bf16 peak, FP8 runs included.
@@ -49,11 +48,11 @@ from infra.pipeline_order import zbv_bubble
 # Fitted in infra/validation.py (FITTED; tests/infra/test_validation.py keeps these equal): torchao float8's
 # GEMM speed-up on H100 (the PyTorch path smelt's trainer would take) and attention's rate relative to the
 # GEMMs' (FlashAttention-2 at 16K; see attention_seconds).
-FP8_SPEEDUP = 1.7493
+FP8_SPEEDUP = 1.7031
 ATTENTION_RATE = 0.4352
 # The share of the tensor-parallel collectives' time that PyTorch's async TP hides, fitted on torchtitan's 70B
 # with and without it; smelt's trainer runs none.
-ASYNC_TP_HIDDEN = 0.7884
+ASYNC_TP_HIDDEN = 0.5692
 
 # Attention kernels on an H100 SXM5, head dim 128, bf16, TFLOP/s by the sequence length of the call (512 … 16K):
 # forward with the causal mask, forward without, backward without (FlashAttention-3 paper, Shah et al. 2024,
@@ -66,6 +65,15 @@ ATTENTION_KERNELS = {
     "fa2": ((191, 260, 298, 319, 333, 335), (309, 350, 362, 368, 370, 370), (214, 260, 291, 310, 318, 322)),
     "cudnn": ((315, 410, 484, 518, 529, 539), (497, 574, 617, 609, 600, 595), (305, 408, 465, 499, 518, 516)),
 }
+
+
+# Selective recomputation policies. smelt's trainer keeps every matmul's and every collective's output and
+# reruns only memory-bound ops. torchtitan's per-op policy (``_save_list`` in parallelize_llama.py at 9dec370
+# and 820504e) keeps every other matmul's output, q, v, w1 and w2 of a block's seven, and no all-gather's;
+# compiled, the backward reruns what it needs of the rest: k (attention's input), w3 (SwiGLU's product) and, at
+# tp 1, wo (the residual sum the next norm saved; under TP it is rebuilt from the kept reduce-scatter output),
+# and under TP the sequence-parallel all-gathers before q/k/v and w1/w3.
+SELECTIVE_POLICIES = ("smelt", "torchtitan-op")
 
 
 @dataclass(frozen=True)
@@ -87,9 +95,8 @@ class TimingAssumptions:
     loss_bytes: float = 12.0  # HBM bytes the loss moves per logit, forward and backward
     tp_overlap_kind: str = "torch"  # te (Transformer Engine userbuffers) | torch (PyTorch async TP)
     async_tp_hidden: float = ASYNC_TP_HIDDEN  # share of the TP collectives' time torch's async TP hides
-    # Sequence-parallel all-gathers per layer that selective recomputation runs again in the backward, because its
-    # policy does not keep their outputs (torchtitan's per-op policy: 2; smelt's trainer keeps every collective's)
-    selective_recomputed_gathers: int = 0
+    # What selective recomputation reruns besides the memory-bound ops (SELECTIVE_POLICIES)
+    selective_policy: str = "smelt"
 
     def __post_init__(self) -> None:
         if not 1 <= self.fp8_speedup <= 4:
@@ -99,6 +106,9 @@ class TimingAssumptions:
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(f"attention_kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
                              f"got {self.attention_kernel!r}")
+        if self.selective_policy not in SELECTIVE_POLICIES:
+            raise ValueError(f"selective_policy must be one of {', '.join(SELECTIVE_POLICIES)}, "
+                             f"got {self.selective_policy!r}")
         if self.tp_overlap_kind not in ("te", "torch"):
             raise ValueError(f"tp_overlap_kind must be te or torch, got {self.tp_overlap_kind!r}")
         if not 0 <= self.layer_overhead_s < 1:
@@ -159,6 +169,14 @@ def _hidden(comm: float, window: float, units: int, overlap: float) -> float:
     """Exposed part of ``comm`` prefetched layer by layer behind ``window`` of compute: the first unit is
     never hidden."""
     return max(comm - overlap * window, comm / max(units, 1)) if comm > 0 else 0.0
+
+
+def torchtitan_selective_reruns(shape: ModelShape, tp: int) -> tuple[tuple[int, int], ...]:
+    """(inputs, outputs) of the matmuls torchtitan's per-op policy reruns in a block's backward
+    (``SELECTIVE_POLICIES``): k and w3, and wo without TP (tests/infra/test_selective_policy.py)."""
+    c = shape.cfg
+    reruns = ((c.dim, c.n_kv_heads * c.head_dim), (c.dim, c.ffn_hidden))
+    return reruns if tp > 1 else (*reruns, (c.n_heads * c.head_dim, c.dim))
 
 
 def _selective_recompute_bytes(shape: ModelShape, tp: int) -> float:
@@ -299,11 +317,17 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     if layout.activation_checkpoint == "full":  # the whole forward again, collectives included
         recomputed = layers
         recompute = tokens * layers * ((layer_s - attention_s) / 3 + attention_fwd_s) + a.layer_overhead_s * layers
-    elif layout.activation_checkpoint == "selective":  # memory-bound ops only: HBM traffic, no FLOPs
+    elif layout.activation_checkpoint == "selective":  # memory-bound ops, and the policy's matmuls
         recompute = tokens * layers * _selective_recompute_bytes(shape, layout.tp) / hbm
+        if a.selective_policy == "torchtitan-op":  # the rerun forwards: math, inputs read, outputs written
+            operand, linear_rate = (1, rate * a.fp8_speedup) if fp8 else (2, rate)
+            recompute += tokens * layers * sum(2 * i * o / layout.tp / linear_rate
+                                               + (operand * i + 2 * o / layout.tp) / hbm
+                                               for i, o in torchtitan_selective_reruns(shape, layout.tp))
 
     activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation on this rank
-    regathered = a.selective_recomputed_gathers * layers if layout.activation_checkpoint == "selective" else 0
+    regathered = (2 * layers if layout.activation_checkpoint == "selective" and a.selective_policy == "torchtitan-op"
+                  else 0)
     tp_collectives = 8 * layers + 4 * recomputed + regathered
     if fp8 and a.fp8_tp_gathers:  # the forward all-gathers before q/k/v and w1/w3 carry the FP8-cast inputs
         tp_collectives -= (2 * layers + 2 * recomputed + regathered) / 2

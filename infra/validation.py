@@ -70,7 +70,7 @@ class Stack:
     loss_bytes: float = 12.0  # HBM bytes the loss moves per logit, forward and backward
     tp_overlap_kind: str = "torch"  # infra.timing: te (Transformer Engine userbuffers) | torch (PyTorch async TP)
     torch_pipelining: bool = True  # pipeline stages run by torch.distributed.pipelining (infra.memory)
-    selective_recomputed_gathers: int = 0  # all-gathers per layer its selective policy runs again (infra.timing)
+    selective_policy: str = "smelt"  # what its selective recomputation reruns (infra.timing.SELECTIVE_POLICIES)
     kept_outputs: str = "none"  # the stages whose outputs torch's pipeline schedule keeps (infra.memory)
     kept_input_grads: str = "split"  # where stages keep their inputs' gradients until the next step (infra.memory)
 
@@ -121,12 +121,12 @@ STACKS = {
     # zeros_like(x), exp(x) and their sum (16 bytes).
     "torchtitan": Stack("torchtitan", "torchtitan (PyTorch FSDP2/TP/PP, torch.compile, torchao float8)",
                         saves="torchtitan", tp_overlap=False, logits_bytes=12, loss_parallel_logits_bytes=16,
-                        kept_outputs="all", kept_input_grads="all", selective_recomputed_gathers=2),
+                        kept_outputs="all", kept_input_grads="all", selective_policy="torchtitan-op"),
     # June 2025 (e7c0cae): components/loss.py compiles the loss with the model, which fuses the fp32 upcast:
     # bf16 logits and their bf16 gradient, 4 bytes per entry. Same kernels otherwise.
     "torchtitan-2506": Stack("torchtitan-2506", "torchtitan, June 2025 (compiled loss)", saves="torchtitan",
                              tp_overlap=False, logits_bytes=4, efficiency="torchtitan", system="torchtitan",
-                             kept_outputs="last", kept_input_grads="all", selective_recomputed_gathers=2),
+                             kept_outputs="last", kept_input_grads="all", selective_policy="torchtitan-op"),
 }
 
 # NeMo 24.03.01: NeMo's recipes, but its container's cuDNN (early 2024) predates the one that the
@@ -344,8 +344,8 @@ RUNS: list[Run] = [
 FIT_ORDER = ("meta", "attention", "megatron", "fp8_te", "llm-foundry", "fsdp1_layer_ms", "a100",
              "torchtitan", "h100-96gb-500w", "fp8_torchtitan", "cudnn_2403", "async_tp")
 FITTED = {"meta": 0.6178, "attention": 0.4352, "megatron": 0.5558, "fp8_te": 2.2799, "llm-foundry": 0.6668,
-          "fsdp1_layer_ms": 1.9623, "a100": 1.1892, "torchtitan": 0.584, "h100-96gb-500w": 0.8421,
-          "fp8_torchtitan": 1.7493, "cudnn_2403": 0.8795, "async_tp": 0.7884}
+          "fsdp1_layer_ms": 1.9623, "a100": 1.1892, "torchtitan": 0.6325, "h100-96gb-500w": 0.8445,
+          "fp8_torchtitan": 1.7031, "cudnn_2403": 0.8795, "async_tp": 0.5692}
 
 
 @dataclass(frozen=True)
@@ -401,7 +401,7 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
                                layer_overhead_s=constants[stack.overhead] / 1e3 if stack.overhead else 0.0,
                                gather_bytes=1.0 if run.fp8_all_gather else 2.0, loss_bytes=stack.loss_bytes,
                                tp_overlap_kind=stack.tp_overlap_kind, fp8_tp_gathers=True,
-                               selective_recomputed_gathers=stack.selective_recomputed_gathers,
+                               selective_policy=stack.selective_policy,
                                async_tp_hidden=constants["async_tp"])
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes,

@@ -86,5 +86,8 @@ def test_plan_prints_the_launch_command_of_the_layout_it_picks():
     out = subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--gpus", "4096"], capture_output=True, text=True,
                          timeout=120, cwd=Path(__file__).resolve().parents[2], check=True).stdout
     launch_line = " ".join(out.split("launch: ", 1)[1].split("\n\n", 1)[0].split())
+    trainer_line = " ".join(out.split("trainer: ", 1)[1].split("launch: ", 1)[0].split())
     assert "smelt launch slurm" in launch_line and "--nodes 512 --procs-per-node 8 --gpus-per-node 8" in launch_line
-    assert "--set train.model_preset=70b" in launch_line and "--set train.parallel.tp=8" in launch_line
+    settings = trainer_line.split("--set ")[1:]
+    assert "--set train.model_preset=70b" in launch_line and any(s.startswith("parallel.tp=") for s in settings)
+    assert all(f"--set train.{s.strip()}" in launch_line for s in settings)  # the plan's layout, as it printed it

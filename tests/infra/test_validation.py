@@ -23,8 +23,9 @@ BY_KEY = {r.run.key: r for r in ROWS}
 # (Throughput rose from 0.046 / 0.20 to 0.065 / 0.51 when torchtitan's June 2025 async-TP table joined, whose
 # 8B TP8 rows are predicted 20-51% fast: new data, not a change to the model. It fell to 0.061 / 0.37 with the
 # all-gathers torchtitan's selective policy runs again and the fitted share of the collectives async TP hides,
-# and to 0.057 / 0.328 when the linear GEMMs' own HBM traffic was counted.)
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.057, 0.328, 0.045, 0.147
+# to 0.057 / 0.328 when the linear GEMMs' own HBM traffic was counted, and to 0.055 / 0.251 with the matmuls
+# torchtitan's selective policy reruns.)
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.055, 0.251, 0.045, 0.147
 MEMORY_WITHIN_10 = 16  # rows whose peak memory is within 10% of the published figure
 
 
@@ -226,14 +227,11 @@ def test_the_plot_is_written_as_png(tmp_path, capsys):
     assert "held-out rows" in capsys.readouterr().out
 
 
-def test_torchtitans_selective_policy_gathers_again_under_tensor_parallel(monkeypatch):
-    # its per-op policy keeps no all-gather output, so the backward gathers the inputs of q/k/v and w1/w3 again:
-    # two more collectives per layer, which only a TP > 1 row pays
-    def without_regathering():
-        for name in ("torchtitan", "torchtitan-2506"):
-            monkeypatch.setitem(STACKS, name, dataclasses.replace(STACKS[name], selective_recomputed_gathers=0))
-
+def test_torchtitans_selective_policy_reruns_matmuls_and_under_tensor_parallel_gathers_again(monkeypatch):
+    # its per-op policy reruns k, w3 and (at tp 1) wo, test_selective_policy.py; it keeps no all-gather output,
+    # so under TP the backward also gathers the inputs of q/k/v and w1/w3 again: two collectives per layer more
+    for name in ("torchtitan", "torchtitan-2506"):
+        monkeypatch.setitem(STACKS, name, dataclasses.replace(STACKS[name], selective_policy="smelt"))
     tp8, tp1 = BY_KEY["titan-2506-8b-64-bf16"], BY_KEY["titan-8b-8-bf16"]
-    without_regathering()
-    assert score(tp8.run).tokens_per_gpu > tp8.tokens_per_gpu * 1.03
-    assert score(tp1.run).tokens_per_gpu == pytest.approx(tp1.tokens_per_gpu, rel=1e-9)
+    tp1_gain, tp8_gain = (score(r.run).tokens_per_gpu / r.tokens_per_gpu for r in (tp1, tp8))
+    assert 1.05 < tp1_gain < 1.10 and tp8_gain > tp1_gain + 0.02
