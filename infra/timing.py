@@ -31,8 +31,11 @@ torchao's float8 TP plans (``fp8_tp_gathers``, the validation stacks); smelt's t
 Context parallel (ring attention, as Transformer Engine and torch's context_parallel run it): each rank
 holds seq_len/cp tokens of every sequence, load-balanced for the causal mask, and passes its K and V around
 the ring: (cp−1) chunks forward, K, V and their gradients backward. The exchange hides behind the
-attention compute of the same layer (``cp_overlap``); what does not fit is exposed. Weights are replicated
-over the cp ranks, so gradients reduce over dp_shard × cp.
+attention compute of the same layer (``cp_overlap``); what does not fit is exposed. torch's allgather rotater
+(``cp_rotate``, torchtitan's default in December 2024) instead gathers every chunk at once behind the local
+block only, forward and again backward, and passes the fp32 K/V gradients around the ring; a model that
+repeats K/V to the query heads before attention (``cp_kv_repeated``) moves H heads, not the KV heads. Weights
+are replicated over the cp ranks, so gradients reduce over dp_shard × cp.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ class TimingAssumptions:
     dp_overlap: float = 0.90  # share of the compute window FSDP traffic can hide behind
     pp_overlap: float = 0.50  # share of pipeline send/receive hidden behind compute
     cp_overlap: float = 0.90  # share of a layer's attention compute the ring exchange can hide behind
+    cp_rotate: str = "ring"  # ring (chunk by chunk) | allgather (torch's all-at-once rotater)
+    cp_kv_repeated: bool = False  # K/V repeated to the query heads before attention (GQA unused)
     fp8_speedup: float = FP8_SPEEDUP  # FP8 linear GEMM rate / bf16 GEMM rate
     gather_bytes: float = 2.0  # bytes per parameter FSDP all-gathers: bf16, or 1 with float8 all-gather
     fp8_tp_gathers: bool = False  # FP8 runs' sequence-parallel all-gathers carry FP8 (TE, torchao's TP plans)
@@ -109,6 +114,8 @@ class TimingAssumptions:
         if self.selective_policy not in SELECTIVE_POLICIES:
             raise ValueError(f"selective_policy must be one of {', '.join(SELECTIVE_POLICIES)}, "
                              f"got {self.selective_policy!r}")
+        if self.cp_rotate not in ("ring", "allgather"):
+            raise ValueError(f"cp_rotate must be ring or allgather, got {self.cp_rotate!r}")
         if self.tp_overlap_kind not in ("te", "torch"):
             raise ValueError(f"tp_overlap_kind must be te or torch, got {self.tp_overlap_kind!r}")
         if not 0 <= self.layer_overhead_s < 1:
@@ -352,11 +359,16 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     cp = 0.0
     if layout.cp > 1:  # ring attention: K and V chunks forward; K, V and their gradients backward
         link = _group_bandwidth(gpu, layout.tp, layout.cp, nvlink, nic)
-        kv_chunk = tokens * 2 * cfg.n_kv_heads * cfg.head_dim / layout.tp * 2
-        ring_fwd = (layout.cp - 1) * kv_chunk / link
-        forward = (max(ring_fwd - a.cp_overlap * tokens * attention_fwd_s, 0.0)
-                   * (2 if layout.activation_checkpoint == "full" else 1))
-        cp = layers * (forward + max(2 * ring_fwd - a.cp_overlap * tokens * attention_bwd_s, 0.0))
+        heads = cfg.n_heads if a.cp_kv_repeated else cfg.n_kv_heads
+        ring_fwd = (layout.cp - 1) * tokens * 2 * heads * cfg.head_dim / layout.tp * 2 / link  # K, V in bf16
+        if a.cp_rotate == "allgather":  # behind the local block only; fp32 gradients around the ring
+            forward = max(ring_fwd - tokens * attention_fwd_s / layout.cp, 0.0)
+            backward = (max(ring_fwd - tokens * attention_bwd_s / layout.cp, 0.0)
+                        + max(2 * ring_fwd - a.cp_overlap * tokens * attention_bwd_s, 0.0))
+        else:
+            forward = max(ring_fwd - a.cp_overlap * tokens * attention_fwd_s, 0.0)
+            backward = max(2 * ring_fwd - a.cp_overlap * tokens * attention_bwd_s, 0.0)
+        cp = layers * (forward * (2 if layout.activation_checkpoint == "full" else 1) + backward)
     slot = compute + recompute + tp + pp + cp
 
     # Data-parallel traffic per rank, ring collectives over the shard group (dp_shard × cp), then across

@@ -73,6 +73,8 @@ class Stack:
     selective_policy: str = "smelt"  # what its selective recomputation reruns (infra.timing.SELECTIVE_POLICIES)
     kept_outputs: str = "none"  # the stages whose outputs torch's pipeline schedule keeps (infra.memory)
     kept_input_grads: str = "split"  # where stages keep their inputs' gradients until the next step (infra.memory)
+    cp_rotate: str = "ring"  # how its context parallel passes K/V (infra.timing)
+    cp_kv_repeated: bool = False  # its model repeats K/V to the query heads before attention
 
     @property
     def constant(self) -> str:
@@ -118,10 +120,13 @@ STACKS = {
     # Under TP the loss runs vocabulary-parallel (parallelize_llama.py: ColwiseParallel output Shard(-1)),
     # decomposed in torch.distributed.tensor.parallel.loss: the forward holds bf16 logits, the fp32 copy,
     # the shifted copy and exp/result (14 bytes); the backward the saved fp32 log-probabilities,
-    # zeros_like(x), exp(x) and their sum (16 bytes).
+    # zeros_like(x), exp(x) and their sum (16 bytes). Context parallel: torch's allgather rotater
+    # (--experimental.context_parallel_rotate_method's default at 9dec370), and the model repeats K/V to the
+    # query heads before SDPA (models/llama/model.py: repeat_kv).
     "torchtitan": Stack("torchtitan", "torchtitan (PyTorch FSDP2/TP/PP, torch.compile, torchao float8)",
                         saves="torchtitan", tp_overlap=False, logits_bytes=12, loss_parallel_logits_bytes=16,
-                        kept_outputs="all", kept_input_grads="all", selective_policy="torchtitan-op"),
+                        kept_outputs="all", kept_input_grads="all", selective_policy="torchtitan-op",
+                        cp_rotate="allgather", cp_kv_repeated=True),
     # June 2025 (e7c0cae): components/loss.py compiles the loss with the model, which fuses the fp32 upcast:
     # bf16 logits and their bf16 gradient, 4 bytes per entry. Same kernels otherwise.
     "torchtitan-2506": Stack("torchtitan-2506", "torchtitan, June 2025 (compiled loss)", saves="torchtitan",
@@ -401,7 +406,8 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
                                layer_overhead_s=constants[stack.overhead] / 1e3 if stack.overhead else 0.0,
                                gather_bytes=1.0 if run.fp8_all_gather else 2.0, loss_bytes=stack.loss_bytes,
                                tp_overlap_kind=stack.tp_overlap_kind, fp8_tp_gathers=True,
-                               selective_policy=stack.selective_policy,
+                               selective_policy=stack.selective_policy, cp_rotate=stack.cp_rotate,
+                               cp_kv_repeated=stack.cp_kv_repeated,
                                async_tp_hidden=constants["async_tp"])
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes,

@@ -237,3 +237,21 @@ def test_fp8_sequence_parallel_gathers_halve_only_the_forward_all_gathers_and_on
     bf16 = dataclasses.replace(layout, precision="bf16")
     assert step_time(shape, bf16, gpu("h100"), 2048, TimingAssumptions(fp8_tp_gathers=True)).tp_comm == \
         step_time(shape, bf16, gpu("h100"), 2048).tp_comm
+
+
+def test_torchs_allgather_rotater_exposes_what_the_local_block_cannot_hide():
+    # 405B, TP8 in the node, CP8 across nodes (one NIC per rank): all seven K/V chunks gathered behind the local
+    # block, repeated to the query heads, against a ring that hides each chunk behind a layer's attention
+    shape, h100 = ModelShape(PRESETS["405b"], 262144), gpu("h100")
+    layout = Layout(tp=8, pp=1, dp_replicate=1, dp_shard=1, zero=1, micro_batch=1, cp=8)
+    ring = step_time(shape, layout, h100, 1)
+    gathered = step_time(shape, layout, h100, 1, TimingAssumptions(cp_rotate="allgather", cp_kv_repeated=True))
+    assert ring.cp_comm == 0  # 8 KV heads over TP8: one per rank, hidden
+    tokens, layers = 262144 // 8, 126
+    fwd, bwd = attention_seconds(shape, layout, h100, TimingAssumptions())
+    chunks = 7 * tokens * 2 * (128 // 8) * 128 * 2 / (50e9 * 0.8)  # bf16 K and V of 16 heads, one NIC
+    expected = layers * (max(chunks - tokens * fwd / 8, 0) + max(chunks - tokens * bwd / 8, 0)
+                         + max(2 * chunks - 0.9 * tokens * bwd, 0))
+    assert gathered.cp_comm == pytest.approx(expected) and expected > 0.02 * gathered.total
+    with pytest.raises(ValueError, match="cp_rotate"):
+        TimingAssumptions(cp_rotate="alltoall")
