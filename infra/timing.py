@@ -243,6 +243,13 @@ def _elementwise_bytes(shape: ModelShape, tp: int) -> float:
     return (52 * h + 8 * kv + 16 * f) / tp
 
 
+def _gemm_bytes_per_element(fp8: bool) -> int:
+    """HBM bytes the three GEMMs of a linear layer (forward, input gradient, weight gradient) move per element
+    of its input, its output and its weight: each is read by two of them (b bytes: 2 in bf16, 1 in FP8), and
+    its gradient (for the output, the output itself) is written by the third in bf16 (2 bytes)."""
+    return 2 * (1 if fp8 else 2) + 2
+
+
 def _gemm_activation_bytes(shape: ModelShape, tp: int, fp8: bool) -> float:
     """HBM bytes per token and layer the linear GEMMs move for their activations, forward and backward,
     taken as time added to their math (no overlap), which is what makes narrow shards slow: a GEMM with i
@@ -260,7 +267,7 @@ def _gemm_activation_bytes(shape: ModelShape, tp: int, fp8: bool) -> float:
     column = ((h, q), (h, kv), (h, kv), *mlp_in)  # q, k, v, w1 (and w3): outputs sharded
     row = ((q, h), mlp_out)  # wo, w2: inputs sharded
     per_token = sum(i + o / tp for i, o in column) + sum(i / tp + o for i, o in row)
-    return (2 * (1 if fp8 else 2) + 2) * per_token
+    return _gemm_bytes_per_element(fp8) * per_token
 
 
 def _fp8_cast_bytes(shape: ModelShape, tp: int) -> float:
@@ -318,7 +325,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     if fp8:  # weights cast to FP8 once per micro-batch
         compute += 6 * layers * shape.layer_params / layout.tp / hbm
     # the GEMMs' weights: read by the forward and the input-gradient GEMM, their gradient written, per micro-batch
-    compute += (2 * (1 if fp8 else 2) + 2) * layers * shape.layer_params / layout.tp / hbm
+    compute += _gemm_bytes_per_element(fp8) * layers * shape.layer_params / layout.tp / hbm
 
     recompute, recomputed = 0.0, 0
     if layout.activation_checkpoint == "full":  # the whole forward again, collectives included
