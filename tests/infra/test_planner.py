@@ -103,4 +103,5 @@ def test_json_has_the_verdict_keys(question):
     out = to_dict(question)
     for key in ("feasible", "layout", "mfu", "days", "gpu_hours", "cost_usd", "checkpoint_interval_min", "goodput"):
         assert out[key] is not None
-    assert out["parallel"]["tp"] == question.best.layout.tp and out["memory_gb"]["total_gb"] <= out["memory_gb"]["usable_gb"]
+    assert out["parallel"]["tp"] == question.best.layout.tp
+    assert out["memory_gb"]["total_gb"] <= out["memory_gb"]["usable_gb"]
