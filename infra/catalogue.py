@@ -40,13 +40,13 @@ class GPU:
 CATALOGUE: dict[str, GPU] = {
     "a100": GPU("a100", "A100 80GB SXM", peak_tflops=312, memory_gb=80, nvlink_gbps=300, internode_gbps=25,
                 gpus_per_node=8, price_per_hour=1.20, host_copy_gbps=25, hbm_tbps=2.039,
-                compute_efficiency=0.7347),
+                compute_efficiency=0.7427),
     "h100": GPU("h100", "H100 SXM 80GB", peak_tflops=989, memory_gb=80, nvlink_gbps=450, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, hbm_tbps=3.35, compute_efficiency=0.6178),
+                gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, hbm_tbps=3.35, compute_efficiency=0.6241),
     "h200": GPU("h200", "H200 SXM 141GB", peak_tflops=989, memory_gb=141, nvlink_gbps=450, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, hbm_tbps=4.8, compute_efficiency=0.6178),
+                gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, hbm_tbps=4.8, compute_efficiency=0.6241),
     "b200": GPU("b200", "B200 180GB (HGX)", peak_tflops=2250, memory_gb=180, nvlink_gbps=900, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0, compute_efficiency=0.6178),
+                gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0, compute_efficiency=0.6241),
 }
 # Variants that published runs used (infra/validation.py): A100 40GB; the H100 in Meta's Grand Teton hosts
 # that torchtitan benchmarked (96 GB HBM2e at 2.4 TB/s, 500 W power limit, so below the SXM peak by an

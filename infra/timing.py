@@ -51,11 +51,11 @@ from infra.pipeline_order import zbv_bubble
 # Fitted in infra/validation.py (FITTED; tests/infra/test_validation.py keeps these equal): torchao float8's
 # GEMM speed-up on H100 (the PyTorch path smelt's trainer would take) and attention's rate relative to the
 # GEMMs' (FlashAttention-2 at 16K; see attention_seconds).
-FP8_SPEEDUP = 1.7031
-ATTENTION_RATE = 0.4352
+FP8_SPEEDUP = 1.7069
+ATTENTION_RATE = 0.4306
 # The share of the tensor-parallel collectives' time that PyTorch's async TP hides, fitted on torchtitan's 70B
 # with and without it; smelt's trainer runs none.
-ASYNC_TP_HIDDEN = 0.5692
+ASYNC_TP_HIDDEN = 0.5667
 
 # Attention kernels on an H100 SXM5, head dim 128, bf16, TFLOP/s by the sequence length of the call (512 … 16K):
 # forward with the causal mask, forward without, backward without (FlashAttention-3 paper, Shah et al. 2024,
@@ -172,6 +172,22 @@ def _ring(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
 
+# NCCL's ring cost model (src/graph/tuning.cc, NCCL 2.2x): per protocol, microseconds of latency per call, per
+# step inside a node (NVLink) and per step across nodes (the network), and the share of the link bandwidth it
+# reaches; NCCL runs each call on the cheaper protocol (both are enabled on NVLink systems from Volta on).
+NCCL_RING_PROTOCOLS = ((14.0, 1.9, 4.0, 0.92),  # LL128
+                       (8.4, 3.4, 14.0, 1.0))  # Simple
+
+
+def _ring_collective(transfer_s: float, size: int, nodes: int) -> float:
+    """Seconds of one ring all-gather or reduce-scatter over ``size`` ranks on ``nodes`` nodes whose bandwidth
+    term is ``transfer_s``: size − 1 steps, nodes − 1 of them across nodes, on the protocol NCCL would pick."""
+    if size <= 1:
+        return 0.0
+    return min((base + (size - nodes) * intra + (nodes - 1) * net) * 1e-6 + transfer_s / share
+               for base, intra, net, share in NCCL_RING_PROTOCOLS)
+
+
 def _hidden(comm: float, window: float, units: int, overlap: float) -> float:
     """Exposed part of ``comm`` prefetched layer by layer behind ``window`` of compute: the first unit is
     never hidden."""
@@ -211,6 +227,13 @@ def _bubble(shape: ModelShape, layout: Layout, microbatches: int, slot: float) -
         b += f
     chunk = f + b + w  # a micro-batch's slot is both chunks' F + B + W
     return zbv_bubble(layout.pp, microbatches, f / chunk, b / chunk, w / chunk) * slot / 2
+
+
+def _group_nodes(gpu: GPU, inner: int, size: int) -> int:
+    """Nodes a group of ``size`` ranks spaced ``inner`` apart in the mesh spans."""
+    if inner * size <= gpu.gpus_per_node:
+        return 1
+    return size // max(1, min(size, gpu.gpus_per_node // inner))
 
 
 def _group_bandwidth(gpu: GPU, inner: int, size: int, nvlink: float, nic: float) -> float:
@@ -345,7 +368,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     tp_collectives = 8 * layers + 4 * recomputed + regathered
     if fp8 and a.fp8_tp_gathers:  # the forward all-gathers before q/k/v and w1/w3 carry the FP8-cast inputs
         tp_collectives -= (2 * layers + 2 * recomputed + regathered) / 2
-    collective = _ring(layout.tp) * activation / nvlink
+    collective = _ring_collective(_ring(layout.tp) * activation / nvlink, layout.tp, 1)
     tp_comm = tp_collectives * collective
     tp = _hidden(tp_comm, compute + recompute, layers, a.tp_overlap)
     if a.tp_overlap > 0 and layout.tp > 1:
@@ -384,9 +407,15 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     shards = layout.state_shards
     shard_bw = _group_bandwidth(gpu, layout.tp, shards, nvlink, nic)
     replica_bw = _group_bandwidth(gpu, layout.tp * shards, layout.dp_replicate, nvlink, nic)
-    gather = a.gather_bytes * params * _ring(shards) / shard_bw  # one all-gather of the parameters
-    scatter = 4 * params * _ring(shards) / shard_bw  # one reduce-scatter of fp32 gradients
-    scatter += 2 * 4 * params / shards * _ring(layout.dp_replicate) / replica_bw  # HSDP all-reduce
+    shard_nodes = _group_nodes(gpu, layout.tp, shards)
+    replica_nodes = _group_nodes(gpu, layout.tp * shards, layout.dp_replicate)
+    # one all-gather of the parameters, one reduce-scatter of fp32 gradients (and the HSDP all-reduce, two ring
+    # passes), each a call per layer
+    gather = layers * _ring_collective(a.gather_bytes * params * _ring(shards) / shard_bw / layers, shards,
+                                       shard_nodes)
+    scatter = layers * _ring_collective(4 * params * _ring(shards) / shard_bw / layers, shards, shard_nodes)
+    scatter += 2 * layers * _ring_collective(4 * params / shards * _ring(layout.dp_replicate) / replica_bw / layers,
+                                             layout.dp_replicate, replica_nodes)
     fwd_window, bwd_window = compute / 3, compute * 2 / 3 + recompute
     if layout.pp > 1 or layout.zero < 2:  # gather in the first forward, scatter in the last backward
         dp = _hidden(gather, fwd_window, layers, a.dp_overlap) + _hidden(scatter, bwd_window, layers, a.dp_overlap)

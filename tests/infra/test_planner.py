@@ -15,12 +15,12 @@ def question():
     return plan(PlanInputs(model="70b", tokens=15e12, gpus=4096, gpu=gpu("h100"), days=60, budget=11e6))
 
 
-def test_70b_question_is_feasible_and_a_tp8_pipelined_layout_is_within_a_few_percent(question):
+def test_70b_question_is_feasible_and_a_tp8_pipelined_layout_is_within_ten_percent(question):
     best = question.best
     assert question.feasible and question.reasons() == []
     assert best.layout.world == 4096 and best.layout.tp <= 8
     pipelined = [c for c, _ in question.runners_up if c.layout.tp == 8 and c.layout.pp > 1]
-    assert pipelined and pipelined[0].wall_s < 1.05 * best.wall_s  # Meta's kind of layout is a close second
+    assert pipelined and pipelined[0].wall_s < 1.10 * best.wall_s  # Meta's kind of layout is a close second
     assert 0.38 <= best.step.mfu <= 0.43  # Llama 3's published 38-43% band
     assert 45 < best.days < 60 and 9e6 < best.cost < 11e6
     assert 0.9 < best.reliability.goodput < 1

@@ -137,7 +137,7 @@ def test_tensor_parallel_traffic_is_eight_ring_collectives_per_layer_over_nvlink
     shape, h100 = ModelShape(PRESETS["70b"], 8192), gpu("h100")
     layout = Layout(tp=8, pp=1, dp_replicate=1, dp_shard=512, zero=3, micro_batch=1)
     step = step_time(shape, layout, h100, global_seqs=2048)  # 4 micro-batches per rank
-    per_layer = 8 * 7 / 8 * (8192 * 8192 * 2) / (450e9 * 0.8)
+    per_layer = 8 * (7 / 8 * (8192 * 8192 * 2) / (450e9 * 0.8) + (8.4 + 7 * 3.4) * 1e-6)  # + NCCL's ring latency
     assert step.tp_comm == pytest.approx(4 * 80 * per_layer)
 
 
@@ -147,7 +147,7 @@ def test_overlapped_tensor_parallel_leaves_the_last_reduce_scatter_chunk_exposed
     # layer. The compute window here hides everything else.
     shape, h100 = ModelShape(PRESETS["70b"], 8192), gpu("h100")
     layout = Layout(tp=4, pp=1, dp_replicate=1, dp_shard=1024, zero=3, micro_batch=1)
-    collective = 3 / 4 * (8192 * 8192 * 2) / (450e9 * 0.8)
+    collective = 3 / 4 * (8192 * 8192 * 2) / (450e9 * 0.8) + (8.4 + 3 * 3.4) * 1e-6
     cases = (("te", ASYNC_TP_HIDDEN, 2 * 80 / 4), ("torch", ASYNC_TP_HIDDEN, 8 * 80 * (1 - ASYNC_TP_HIDDEN)),
              ("torch", 1.0, 4 * 80 / 4))  # hiding it all leaves the last chunk's share
     for kind, hidden, exposed in cases:
@@ -255,3 +255,14 @@ def test_torchs_allgather_rotater_exposes_what_the_local_block_cannot_hide():
     assert gathered.cp_comm == pytest.approx(expected) and expected > 0.02 * gathered.total
     with pytest.raises(ValueError, match="cp_rotate"):
         TimingAssumptions(cp_rotate="alltoall")
+
+
+def test_a_collective_pays_nccls_ring_latency_on_the_protocol_nccl_would_pick():
+    from infra.timing import _ring_collective
+
+    # 2,048 ranks on 512 nodes: 2,047 steps, 511 across nodes; LL128 (14 + 1.9/step + 4.0/network step µs, 92% of
+    # the bandwidth) for a small message, Simple (8.4 + 3.4 + 14.0 µs, all of it) for a long one
+    assert _ring_collective(0.0, 2048, 512) == pytest.approx((14 + 1536 * 1.9 + 511 * 4.0) * 1e-6)
+    assert _ring_collective(1.0, 2048, 512) == pytest.approx(1.0 + (8.4 + 1536 * 3.4 + 511 * 14.0) * 1e-6)
+    assert _ring_collective(5e-3, 8, 1) == pytest.approx(5e-3 + (8.4 + 7 * 3.4) * 1e-6)  # TP8 in a node
+    assert _ring_collective(1.0, 1, 1) == 0.0
