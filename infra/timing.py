@@ -172,9 +172,10 @@ def _ring(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
 
-# NCCL's ring cost model (src/graph/tuning.cc, NCCL 2.2x): per protocol, microseconds of latency per call, per
-# step inside a node (NVLink) and per step across nodes (the network), and the share of the link bandwidth it
-# reaches; NCCL runs each call on the cheaper protocol (both are enabled on NVLink systems from Volta on).
+# NCCL's ring cost model (src/graph/tuning.cc, NVIDIA/nccl at b647562): per protocol, microseconds of latency
+# per call, per step inside a node (NVLink) and per step across nodes (the network), and the share of the link
+# bandwidth it reaches; NCCL runs each call on the cheaper protocol (both are enabled on NVLink systems from
+# Volta on).
 NCCL_RING_PROTOCOLS = ((14.0, 1.9, 4.0, 0.92),  # LL128
                        (8.4, 3.4, 14.0, 1.0))  # Simple
 
@@ -229,11 +230,9 @@ def _bubble(shape: ModelShape, layout: Layout, microbatches: int, slot: float) -
     return zbv_bubble(layout.pp, microbatches, f / chunk, b / chunk, w / chunk) * slot / 2
 
 
-def _group_nodes(gpu: GPU, inner: int, size: int) -> int:
-    """Nodes a group of ``size`` ranks spaced ``inner`` apart in the mesh spans."""
-    if inner * size <= gpu.gpus_per_node:
-        return 1
-    return size // max(1, min(size, gpu.gpus_per_node // inner))
+def _members_per_node(gpu: GPU, inner: int, size: int) -> int:
+    """How many of a group of ``size`` ranks spaced ``inner`` ranks apart in the mesh share a node."""
+    return size if inner * size <= gpu.gpus_per_node else max(1, min(size, gpu.gpus_per_node // inner))
 
 
 def _group_bandwidth(gpu: GPU, inner: int, size: int, nvlink: float, nic: float) -> float:
@@ -241,10 +240,8 @@ def _group_bandwidth(gpu: GPU, inner: int, size: int, nvlink: float, nic: float)
     node it is NVLink; across nodes NCCL runs one ring per NIC, so the k group members on a node share
     k NICs and the group moves k × the per-GPU NIC bandwidth, up to NVLink's (nccl-tests' bus bandwidth on
     8-NIC nodes is close to the node's aggregate NIC bandwidth)."""
-    if inner * size <= gpu.gpus_per_node:
-        return nvlink
-    per_node = max(1, min(size, gpu.gpus_per_node // inner))
-    return min(nvlink, per_node * nic)
+    per_node = _members_per_node(gpu, inner, size)
+    return nvlink if per_node == size else min(nvlink, per_node * nic)
 
 
 def _pp_links(gpu: GPU, layout: Layout, nvlink: float, nic: float) -> float:
@@ -266,11 +263,16 @@ def _elementwise_bytes(shape: ModelShape, tp: int) -> float:
     return (52 * h + 8 * kv + 16 * f) / tp
 
 
+def _operand_bytes(fp8: bool) -> int:
+    """Bytes per element a linear GEMM reads of its inputs: FP8 or bf16 (its results are written in bf16)."""
+    return 1 if fp8 else 2
+
+
 def _gemm_bytes_per_element(fp8: bool) -> int:
     """HBM bytes the three GEMMs of a linear layer (forward, input gradient, weight gradient) move per element
     of its input, its output and its weight: each is read by two of them (b bytes: 2 in bf16, 1 in FP8), and
     its gradient (for the output, the output itself) is written by the third in bf16 (2 bytes)."""
-    return 2 * (1 if fp8 else 2) + 2
+    return 2 * _operand_bytes(fp8) + 2
 
 
 def _gemm_activation_bytes(shape: ModelShape, tp: int, fp8: bool) -> float:
@@ -357,9 +359,9 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     elif layout.activation_checkpoint == "selective":  # memory-bound ops, and the policy's matmuls
         recompute = tokens * layers * _selective_recompute_bytes(shape, layout.tp) / hbm
         if a.selective_policy == "torchtitan-op":  # the rerun forwards: math, inputs read, outputs written
-            operand, linear_rate = (1, rate * a.fp8_speedup) if fp8 else (2, rate)
+            linear_rate = rate * a.fp8_speedup if fp8 else rate
             recompute += tokens * layers * sum(2 * i * o / layout.tp / linear_rate
-                                               + (operand * i + 2 * o / layout.tp) / hbm
+                                               + (_operand_bytes(fp8) * i + 2 * o / layout.tp) / hbm
                                                for i, o in torchtitan_selective_reruns(shape, layout.tp))
 
     activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation on this rank
@@ -407,8 +409,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     shards = layout.state_shards
     shard_bw = _group_bandwidth(gpu, layout.tp, shards, nvlink, nic)
     replica_bw = _group_bandwidth(gpu, layout.tp * shards, layout.dp_replicate, nvlink, nic)
-    shard_nodes = _group_nodes(gpu, layout.tp, shards)
-    replica_nodes = _group_nodes(gpu, layout.tp * shards, layout.dp_replicate)
+    shard_nodes = shards // _members_per_node(gpu, layout.tp, shards)
+    replica_nodes = layout.dp_replicate // _members_per_node(gpu, layout.tp * shards, layout.dp_replicate)
     # one all-gather of the parameters, one reduce-scatter of fp32 gradients (and the HSDP all-reduce, two ring
     # passes), each a call per layer
     gather = layers * _ring_collective(a.gather_bytes * params * _ring(shards) / shard_bw / layers, shards,
