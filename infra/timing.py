@@ -195,12 +195,15 @@ def _hidden(comm: float, window: float, units: int, overlap: float) -> float:
     return max(comm - overlap * window, comm / max(units, 1)) if comm > 0 else 0.0
 
 
-def torchtitan_selective_reruns(shape: ModelShape, tp: int) -> tuple[tuple[int, int], ...]:
-    """(inputs, outputs) of the matmuls torchtitan's per-op policy reruns in a block's backward
-    (``SELECTIVE_POLICIES``): k and w3, and wo without TP (tests/infra/test_selective_policy.py)."""
+def selective_reruns(policy: str, shape: ModelShape, tp: int) -> tuple[tuple[tuple[int, int], ...], int]:
+    """What a block's backward reruns under a selective policy besides its memory-bound ops
+    (``SELECTIVE_POLICIES``): the (inputs, outputs) of its matmuls, and its sequence-parallel all-gathers.
+    torchtitan's: k and w3, wo without TP, and under TP the two gathers (tests/infra/test_selective_policy.py)."""
+    if policy == "smelt":
+        return (), 0
     c = shape.cfg
     reruns = ((c.dim, c.n_kv_heads * c.head_dim), (c.dim, c.ffn_hidden))
-    return reruns if tp > 1 else (*reruns, (c.n_heads * c.head_dim, c.dim))
+    return (reruns, 2) if tp > 1 else ((*reruns, (c.n_heads * c.head_dim, c.dim)), 0)
 
 
 def _selective_recompute_bytes(shape: ModelShape, tp: int) -> float:
@@ -352,21 +355,21 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     # the GEMMs' weights: read by the forward and the input-gradient GEMM, their gradient written, per micro-batch
     compute += _gemm_bytes_per_element(fp8) * layers * shape.layer_params / layout.tp / hbm
 
-    recompute, recomputed = 0.0, 0
+    recompute, recomputed, regathered = 0.0, 0, 0
     if layout.activation_checkpoint == "full":  # the whole forward again, collectives included
         recomputed = layers
         recompute = tokens * layers * ((layer_s - attention_s) / 3 + attention_fwd_s) + a.layer_overhead_s * layers
     elif layout.activation_checkpoint == "selective":  # memory-bound ops, and the policy's matmuls
-        recompute = tokens * layers * _selective_recompute_bytes(shape, layout.tp) / hbm
-        if a.selective_policy == "torchtitan-op":  # the rerun forwards: math, inputs read, outputs written
-            linear_rate = rate * a.fp8_speedup if fp8 else rate
-            recompute += tokens * layers * sum(2 * i * o / layout.tp / linear_rate
-                                               + (_operand_bytes(fp8) * i + 2 * o / layout.tp) / hbm
-                                               for i, o in torchtitan_selective_reruns(shape, layout.tp))
+        matmuls, gathers = selective_reruns(a.selective_policy, shape, layout.tp)
+        linear_rate = rate * a.fp8_speedup if fp8 else rate
+        # the rerun forwards (column-parallel, or at tp 1): math, full-width inputs read, sharded outputs written
+        recompute = tokens * layers * (_selective_recompute_bytes(shape, layout.tp) / hbm
+                                       + sum(2 * i * o / layout.tp / linear_rate
+                                             + (_operand_bytes(fp8) * i + 2 * o / layout.tp) / hbm
+                                             for i, o in matmuls))
+        regathered = gathers * layers
 
     activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation on this rank
-    regathered = (2 * layers if layout.activation_checkpoint == "selective" and a.selective_policy == "torchtitan-op"
-                  else 0)
     tp_collectives = 8 * layers + 4 * recomputed + regathered
     if fp8 and a.fp8_tp_gathers:  # the forward all-gathers before q/k/v and w1/w3 carry the FP8-cast inputs
         tp_collectives -= (2 * layers + 2 * recomputed + regathered) / 2

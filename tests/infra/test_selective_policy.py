@@ -1,5 +1,5 @@
 """torchtitan's per-op selective recomputation, compiled as its benchmark runs ran it, against what the planner
-counts it rerunning (``infra.timing.torchtitan_selective_reruns``): the matmuls that torch's partitioner puts
+counts it rerunning (``infra.timing.selective_reruns``): the matmuls that torch's partitioner puts
 back into the backward graph of smelt's block, without TP and with each block's output projections followed
 by the reduce-scatter that sequence parallel puts there (a one-rank gloo group)."""
 
@@ -18,7 +18,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from infra.layout import ModelShape
-from infra.timing import torchtitan_selective_reruns
+from infra.timing import selective_reruns
 from tasks.llama import Block, rope_tables
 from tasks.model_config import ModelConfig
 
@@ -90,7 +90,8 @@ def one_rank():
 
 
 def _planned(tp: int) -> list[int]:
-    return sorted(o for _, o in torchtitan_selective_reruns(ModelShape(CFG, 16), tp))
+    matmuls, _ = selective_reruns("torchtitan-op", ModelShape(CFG, 16), tp)
+    return sorted(o for _, o in matmuls)
 
 
 def test_without_tensor_parallel_the_backward_reruns_k_wo_and_w3():

@@ -6,7 +6,8 @@ import pytest
 
 from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape, split_stages
-from infra.timing import ASYNC_TP_HIDDEN, TimingAssumptions, _gemm_activation_bytes, attention_seconds, step_time
+from infra.timing import (ASYNC_TP_HIDDEN, TimingAssumptions, _gemm_activation_bytes, _ring_collective,
+                          attention_seconds, step_time)
 from tasks.model_config import PRESETS
 
 
@@ -258,8 +259,6 @@ def test_torchs_allgather_rotater_exposes_what_the_local_block_cannot_hide():
 
 
 def test_a_collective_pays_nccls_ring_latency_on_the_protocol_nccl_would_pick():
-    from infra.timing import _ring_collective
-
     # 2,048 ranks on 512 nodes: 2,047 steps, 511 across nodes; LL128 (14 + 1.9/step + 4.0/network step µs, 92% of
     # the bandwidth) for a small message, Simple (8.4 + 3.4 + 14.0 µs, all of it) for a long one
     assert _ring_collective(0.0, 2048, 512) == pytest.approx((14 + 1536 * 1.9 + 511 * 4.0) * 1e-6)
