@@ -55,7 +55,7 @@ FP8_SPEEDUP = 1.7069
 ATTENTION_RATE = 0.4306
 # The share of the tensor-parallel collectives' time that PyTorch's async TP hides, fitted on torchtitan's 70B
 # with and without it; smelt's trainer runs none.
-ASYNC_TP_HIDDEN = 0.5667
+ASYNC_TP_HIDDEN = 0.6132
 
 # Attention kernels on an H100 SXM5, head dim 128, bf16, TFLOP/s by the sequence length of the call (512 … 16K):
 # forward with the causal mask, forward without, backward without (FlashAttention-3 paper, Shah et al. 2024,
@@ -298,12 +298,22 @@ def _gemm_activation_bytes(shape: ModelShape, tp: int, fp8: bool) -> float:
     return _gemm_bytes_per_element(fp8) * per_token
 
 
-def _fp8_cast_bytes(shape: ModelShape, tp: int) -> float:
+def _fp8_cast_bytes(shape: ModelShape, tp: int, fp8_gathers: bool) -> float:
     """HBM bytes per token and layer for FP8 casts: linear inputs q/k/v, wo, w1/w3, w2 (3h + f) forward and
-    the output gradients (h + 2kv), h, 2f, h backward, 6 bytes per element (see the module docstring)."""
+    the output gradients (h + 2kv), h, 2f, h backward. A tensor this rank holds sharded is cast and transposed
+    in one pass, 6 bytes per element (see the module docstring). Under TP four of them are full width where the
+    GEMM reads them: the inputs of q/k/v and w1/w3 after the sequence-parallel all-gather, the output gradients
+    of wo and w2 after the backward one. With FP8 gathers (Transformer Engine's grad_output_preprocess, torchao's
+    Float8ColwiseParallel / Float8RowwiseParallel) each is cast on its shard (5 bytes) and the gathered FP8
+    tensor transposed for the weight-gradient GEMM (read and written, 2 bytes); with bf16 gathers the whole
+    gathered tensor is cast (6 bytes)."""
     c = shape.cfg
     h, kv, f = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
-    return 6 * (3 * h + f + 3 * h + 2 * kv + 2 * f) / tp
+    sharded = (h + f + h + 2 * kv + 2 * f) / tp  # wo and w2 inputs, the column-parallel output gradients
+    gathered = 4 * h
+    if tp == 1:
+        return 6 * (sharded + gathered)
+    return 6 * sharded + (5 * gathered / tp + 2 * gathered if fp8_gathers else 6 * gathered)
 
 
 def attention_seconds(shape: ModelShape, layout: Layout, gpu: GPU, a: TimingAssumptions) -> tuple[float, float]:
@@ -343,7 +353,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     layer_s = (linear_flops / layout.tp / (rate * (a.fp8_speedup if fp8 else 1.0)) + attention_s
                + (_elementwise_bytes(shape, layout.tp) + _gemm_activation_bytes(shape, layout.tp, fp8)) / hbm)
     if fp8:
-        layer_s += _fp8_cast_bytes(shape, layout.tp) / hbm
+        layer_s += _fp8_cast_bytes(shape, layout.tp, a.fp8_tp_gathers) / hbm
     # the logits matmul, then the loss reads and writes the logits (bf16 and fp32 softmax, forward and back)
     output_s = shape.output_flops / layout.tp / rate + a.loss_bytes * cfg.vocab_size / layout.tp / hbm
     per_rank = split.per_rank or (split.max_layers,)
@@ -371,8 +381,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
 
     activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation on this rank
     tp_collectives = 8 * layers + 4 * recomputed + regathered
-    if fp8 and a.fp8_tp_gathers:  # the forward all-gathers before q/k/v and w1/w3 carry the FP8-cast inputs
-        tp_collectives -= (2 * layers + 2 * recomputed + regathered) / 2
+    if fp8 and a.fp8_tp_gathers:  # the all-gathers carry FP8: inputs of q/k/v and w1/w3, gradients of wo and w2
+        tp_collectives -= (4 * layers + 2 * recomputed + regathered) / 2
     collective = _ring_collective(_ring(layout.tp) * activation / nvlink, layout.tp, 1)
     tp_comm = tp_collectives * collective
     tp = _hidden(tp_comm, compute + recompute, layers, a.tp_overlap)

@@ -6,8 +6,8 @@ import pytest
 
 from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape, split_stages
-from infra.timing import (ASYNC_TP_HIDDEN, TimingAssumptions, _gemm_activation_bytes, _ring_collective,
-                          attention_seconds, step_time)
+from infra.timing import (ASYNC_TP_HIDDEN, TimingAssumptions, _fp8_cast_bytes, _gemm_activation_bytes,
+                          _ring_collective, attention_seconds, step_time)
 from tasks.model_config import PRESETS
 
 
@@ -227,17 +227,34 @@ def test_torchtitan_split_gives_the_middle_stages_the_remainder():
         split_stages(ModelShape(PRESETS["405b"], 8192), 8, style="uneven")
 
 
-def test_fp8_sequence_parallel_gathers_halve_only_the_forward_all_gathers_and_only_where_a_stack_sends_fp8():
+def test_fp8_sequence_parallel_gathers_halve_the_all_gathers_and_only_where_a_stack_sends_fp8():
     """smelt's trainer gathers bf16 activations under FP8 (the planner's default); TE and torchao's float8
-    TP plans gather the FP8-cast inputs: 2 of the 8 TP collectives per layer at half the bytes."""
+    TP plans gather FP8: the inputs of q/k/v and w1/w3 forward, the output gradients of wo and w2 backward
+    (cast on their shard before the gather), so 4 of the 8 TP collectives per layer move half the bytes."""
     shape = ModelShape(PRESETS["70b"], 8192)
     layout = Layout(tp=8, pp=1, dp_replicate=1, dp_shard=512, zero=3, micro_batch=1, precision="fp8")
     bf16_gathers = step_time(shape, layout, gpu("h100"), 2048)
     fp8_gathers = step_time(shape, layout, gpu("h100"), 2048, TimingAssumptions(fp8_tp_gathers=True))
-    assert fp8_gathers.tp_comm == pytest.approx(bf16_gathers.tp_comm * (8 - 2 / 2) / 8)
+    assert fp8_gathers.tp_comm == pytest.approx(bf16_gathers.tp_comm * (8 - 4 / 2) / 8)
     bf16 = dataclasses.replace(layout, precision="bf16")
     assert step_time(shape, bf16, gpu("h100"), 2048, TimingAssumptions(fp8_tp_gathers=True)).tp_comm == \
         step_time(shape, bf16, gpu("h100"), 2048).tp_comm
+
+
+def test_fp8_casts_of_gathered_tensors_are_full_width_under_tensor_parallel():
+    """Four tensors per layer are full width where a TP rank's GEMMs read them (the gathered inputs of
+    q/k/v and w1/w3, the gathered output gradients of wo and w2): cast whole after a bf16 gather (6 bytes an
+    element), or cast on the shard and transposed whole after an FP8 gather (5/tp + 2); the rest, and
+    everything at tp 1, is cast on this rank's shard in one pass (6 bytes)."""
+    shape = ModelShape(PRESETS["8b"], 8192)
+    c = shape.cfg
+    h, kv, f = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
+    sharded = 2 * h + 2 * kv + 3 * f
+    assert _fp8_cast_bytes(shape, 1, True) == _fp8_cast_bytes(shape, 1, False) == 6 * (sharded + 4 * h)
+    assert _fp8_cast_bytes(shape, 8, False) == pytest.approx(6 * sharded / 8 + 6 * 4 * h)
+    assert _fp8_cast_bytes(shape, 8, True) == pytest.approx(6 * sharded / 8 + 5 * 4 * h / 8 + 2 * 4 * h)
+    # FP8 gathers cast less than bf16 ones, and a TP8 rank casts more per token than an eighth of a TP1 rank
+    assert _fp8_cast_bytes(shape, 1, True) / 8 < _fp8_cast_bytes(shape, 8, True) < _fp8_cast_bytes(shape, 8, False)
 
 
 def test_torchs_allgather_rotater_exposes_what_the_local_block_cannot_hide():

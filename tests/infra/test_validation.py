@@ -25,8 +25,10 @@ BY_KEY = {r.run.key: r for r in ROWS}
 # all-gathers torchtitan's selective policy runs again and the fitted share of the collectives async TP hides,
 # to 0.057 / 0.328 when the linear GEMMs' own HBM traffic was counted, to 0.055 / 0.251 with the matmuls
 # torchtitan's selective policy reruns, to 0.054 with its context parallel's all-at-once K/V gather, and to
-# 0.053 / 0.247 with NCCL's ring latency.)
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.053, 0.247, 0.045, 0.147
+# 0.053 / 0.247 with NCCL's ring latency. Counting the FP8 stacks' backward FP8 all-gathers and their
+# full-width casts and transposes under TP took the mean to 0.0526 and the worst, torchtitan's 8B TP8 FP8 row
+# with async TP, from 0.247 to 0.253: the source code's behaviour, not a fit, moved that outlier.)
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.0526, 0.253, 0.045, 0.147
 MEMORY_WITHIN_10 = 16  # rows whose peak memory is within 10% of the published figure
 
 
