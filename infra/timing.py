@@ -24,9 +24,10 @@ FP8 (Transformer Engine, torchao float8): the linear layers' forward and backwar
 infra/validation.py). Attention (the score and value matmuls and softmax), the norms, the embedding, the
 output projection and the optimizer stay in bf16/fp32. The casts cost HBM traffic: each linear input
 (forward) and output gradient (backward) is read for its amax, read again and written as FP8 plus an
-FP8 transpose (6 bytes per element), and each weight is cast once per micro-batch. The sequence-parallel
-all-gathers before q/k/v and w1/w3 carry the FP8-cast input (1 byte) in Transformer Engine and under
-torchao's float8 TP plans (``fp8_tp_gathers``, the validation stacks); smelt's trainer gathers bf16.
+FP8 transpose (6 bytes per element; under TP, full width for the tensors a rank gathers, ``_fp8_cast_bytes``),
+and each weight is cast once per micro-batch. The sequence-parallel all-gathers carry FP8 (1 byte) in
+Transformer Engine and under torchao's float8 TP plans (``fp8_tp_gathers``, the validation stacks): the inputs
+of q/k/v and w1/w3 forward, the output gradients of wo and w2 backward; smelt's trainer gathers bf16.
 
 Context parallel (ring attention, as Transformer Engine and torch's context_parallel run it): each rank
 holds seq_len/cp tokens of every sequence, load-balanced for the causal mask, and passes its K and V around
