@@ -311,10 +311,8 @@ def _fp8_cast_bytes(shape: ModelShape, tp: int, fp8_gathers: bool) -> float:
     c = shape.cfg
     h, kv, f = c.dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
     sharded = (h + f + h + 2 * kv + 2 * f) / tp  # wo and w2 inputs, the column-parallel output gradients
-    gathered = 4 * h
-    if tp == 1:
-        return 6 * (sharded + gathered)
-    return 6 * sharded + (5 * gathered / tp + 2 * gathered if fp8_gathers else 6 * gathered)
+    gathered = 4 * h  # cast whole, unless an FP8 gather let it be cast on its shard (nothing is gathered at tp 1)
+    return 6 * sharded + (5 * gathered / tp + 2 * gathered if fp8_gathers and tp > 1 else 6 * gathered)
 
 
 def attention_seconds(shape: ModelShape, layout: Layout, gpu: GPU, a: TimingAssumptions) -> tuple[float, float]:
