@@ -25,6 +25,7 @@ from tasks.model_config import ModelConfig
 # h 64, kv 32 (2 of 4 heads of 16), f 96: every matmul's output width tells which one it is, but q and wo (64)
 CFG = ModelConfig(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_hidden=96, vocab_size=128, max_seq_len=32)
 MM = torch.ops.aten.mm.default
+SCALED_MM = torch.ops.aten._scaled_mm.default  # what torchao's float8 linears lower to
 # The outputs torchtitan's policy keeps (its _save_list at 9dec370 and 820504e, with the CPU flash kernel, the
 # one SDPA runs here, beside the CUDA ones it names), except every second matmul of a block.
 KEPT = {MM, torch.ops.aten._scaled_dot_product_flash_attention.default,
@@ -74,7 +75,7 @@ def _rerun_widths(block: Block) -> tuple[int, list[int]]:
                          backend=backend, fullgraph=True)
     torch._dynamo.reset()
     step(torch.randn(2, 16, CFG.dim, requires_grad=True)).sum().backward()
-    matmuls = [n for n in graphs["backward"].graph.nodes if n.target == MM]
+    matmuls = [n for n in graphs["backward"].graph.nodes if n.target in (MM, SCALED_MM)]
     reruns = sorted(n.meta["val"].shape[-1] for n in matmuls if n.meta.get("recompute") is not None)
     graphs.clear()
     torch._dynamo.reset()  # drop the compiled graphs' fake tensors: later tests scan live storages
@@ -99,6 +100,19 @@ def test_without_tensor_parallel_the_backward_reruns_k_wo_and_w3():
     matmuls, reruns = _rerun_widths(Block(CFG))
     assert reruns == [32, 64, 96] == _planned(1)  # wk, wo (the residual the next norm saved), w3
     assert matmuls == 2 * 7 + 3  # each linear's input- and weight-gradient GEMMs, and the reruns
+
+
+def test_float8_linears_rerun_the_same_matmuls():
+    """torchtitan's save list names aten.mm, not the _scaled_mm that float8 linears lower to; the policy still
+    sees each float8 linear's mm (torchao dispatches it to _scaled_mm underneath), so FP8 runs rerun what bf16
+    runs do, as the planner counts them (``selective_reruns`` ignores the precision)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    torch.manual_seed(0)
+    block = convert_to_float8_training(Block(CFG), config=Float8LinearConfig())
+    matmuls, reruns = _rerun_widths(block)
+    assert reruns == [32, 64, 96] == _planned(1)
+    assert matmuls == 2 * 7 + 3
 
 
 def test_after_a_reduce_scatter_wo_is_not_rerun(one_rank):
