@@ -348,8 +348,8 @@ RUNS: list[Run] = [
 # Solved by ``fit()`` on the rows marked ``fits`` (tests/infra/test_validation.py re-fits them).
 FIT_ORDER = ("meta", "attention", "megatron", "fp8_te", "llm-foundry", "fsdp1_layer_ms", "a100",
              "torchtitan", "h100-96gb-500w", "fp8_torchtitan", "cudnn_2403", "async_tp")
-FITTED = {"meta": 0.6241, "attention": 0.4306, "megatron": 0.5594, "fp8_te": 2.3113, "llm-foundry": 0.6669,
-          "fsdp1_layer_ms": 1.9506, "a100": 1.1901, "torchtitan": 0.6346, "h100-96gb-500w": 0.8442,
+FITTED = {"meta": 0.6241, "attention": 0.4306, "megatron": 0.5594, "fp8_te": 2.3113, "llm-foundry": 0.6704,
+          "fsdp1_layer_ms": 1.9739, "a100": 1.185, "torchtitan": 0.6346, "h100-96gb-500w": 0.8442,
           "fp8_torchtitan": 1.7069, "cudnn_2403": 0.8844, "async_tp": 0.6132}
 
 
@@ -438,23 +438,27 @@ def _bisect(below: Callable[[float], bool], lo: float, hi: float, steps: int) ->
     return lo, hi
 
 
-def fit(order: tuple[str, ...] = FIT_ORDER, rounds: int = 6, fixed: dict[str, float] | None = None
-        ) -> dict[str, float]:
-    """Solve each constant on its row by bisection (throughput rises with each), the others held; the
-    constants interact (attention shares every row, torchtitan's three share two rows each), so sweep the
-    order a few times."""
+def fit(order: tuple[str, ...] = FIT_ORDER, tolerance: float = 1e-4, max_rounds: int = 50,
+        fixed: dict[str, float] | None = None) -> dict[str, float]:
+    """Solve each constant on its row by bisection (throughput rises with each), the others held. The
+    constants interact (attention shares every row, torchtitan's three share two rows each, LLM Foundry's
+    efficiency and its FSDP1 layer overhead share the MPT rows), so sweep the order until every fitted row
+    is reproduced within ``tolerance``: a fixed number of sweeps can stop short (six left MPT-7B's H100 row
+    0.2% off, and every held-out LLM Foundry row with it)."""
     ratios = ("attention", "a100", "h100-96gb-500w", "cudnn_2403")  # start at 1: relative to a reference
     constants = {name: 1.5 if name.startswith("fp8") else 1.0 if name in ratios else 0.5 for name in order}
     constants |= dict(fixed or {})
-    for _ in range(rounds):
-        for name in order:
-            (run,) = [r for r in RUNS if r.fits == name]
+    rows = {name: next(r for r in RUNS if r.fits == name) for name in order}
+    for _ in range(max_rounds):
+        for name, run in rows.items():
             lo, hi = ((1.0, 3.0) if name.startswith("fp8") else (0.0, 10.0) if name.endswith("_ms")
                       else (0.0, 1.0) if name == "async_tp" else (0.1, 2.0))
             sign = -1 if name.endswith("_ms") else 1  # throughput falls as the overhead grows
             lo, hi = _bisect(lambda mid: sign * score(run, {**constants, name: mid}).error < 0, lo, hi, 40)
             constants[name] = round((lo + hi) / 2, 4)
-    return constants
+        if max(abs(score(run, constants).error) for run in rows.values()) < tolerance:
+            return constants
+    raise RuntimeError(f"the fit did not reproduce its rows within {tolerance:.0e} in {max_rounds} sweeps")
 
 
 WORST_BAR = 0.15  # issue 18's bar on the worst held-out row

@@ -27,8 +27,10 @@ BY_KEY = {r.run.key: r for r in ROWS}
 # torchtitan's selective policy reruns, to 0.054 with its context parallel's all-at-once K/V gather, and to
 # 0.053 / 0.247 with NCCL's ring latency. Counting the FP8 stacks' backward FP8 all-gathers and their
 # full-width casts and transposes under TP took the mean to 0.0526 and the worst, torchtitan's 8B TP8 FP8 row
-# with async TP, from 0.247 to 0.253: the source code's behaviour, not a fit, moved that outlier.)
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.0526, 0.253, 0.045, 0.147
+# with async TP, from 0.247 to 0.253: the source code's behaviour, not a fit, moved that outlier.
+# The mean rose to 0.0529 when the fit ran to its fixed point: six sweeps had left LLM Foundry's MPT-7B row 0.2%
+# off, and its held-out rows 0.2 points better than the constants solved in full give.)
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.0529, 0.253, 0.045, 0.147
 MEMORY_WITHIN_10 = 16  # rows whose peak memory is within 10% of the published figure
 
 
@@ -56,7 +58,10 @@ def test_constants_are_few_named_and_each_fitted_on_one_stated_row():
     assert len(FITTED) <= 12
     for name in FITTED:
         assert len([r for r in RUNS if r.fits == name]) == 1, name
-    assert fit() == pytest.approx(FITTED, rel=5e-3)
+    assert fit() == pytest.approx(FITTED, rel=1e-3)
+    for row in ROWS:
+        if row.run.fits:  # a fitted constant reproduces its row
+            assert abs(row.error) < 1e-3, (row.run.key, row.error)
 
 
 def test_planner_defaults_are_the_fitted_constants():
