@@ -27,6 +27,7 @@ from infra.simulate import plot as plot_simulation
 from infra.timing import PART_LABELS, TimingAssumptions
 from infra.validation import as_dict as validation_dict
 from infra.validation import render as render_validation
+from infra.validation import summary as validation_summary
 from infra.validation import table as validation_table
 
 ModelOpt = Annotated[str, typer.Option(help="Model preset from tasks/train/config.py (tiny … 70b, 405b).")]
@@ -117,7 +118,7 @@ def plan_command(
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--layout") from None
     result = plan(inputs, given)
-    rows = sensitivity(result)
+    rows = sensitivity(result, planner_error=validation_summary(validation_table())["held_out_mean_abs_error"])
     if json_out:
         print(json.dumps(to_dict(result, rows)))
         return
@@ -221,6 +222,10 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
                   f"deadline {i.days:g} days, budget {_money(i.budget)} at ${i.gpu.price_per_hour:.2f}/GPU-hour")
     verdict = "[green]FEASIBLE[/green]" if result.feasible else "[red]NOT FEASIBLE[/red]"
     console.print(f"verdict: {verdict}" + "".join(f"\n  - {reason}" for reason in result.reasons()))
+    flips = [row for row in rows if row.factor == "planner error" and row.feasible != result.feasible]
+    if flips:
+        console.print(f"  [yellow]the verdict flips at {', '.join(row.setting for row in flips)}: within the "
+                      "planner's held-out mean error (python -m infra.validation)[/yellow]")
     if best is None:
         _render_rejections(result, console)
         return

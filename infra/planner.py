@@ -179,9 +179,11 @@ def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
                                              pp_schedule=schedule, virtual_stages=v, precision=precision)
 
 
-def evaluate(inputs: PlanInputs, layout: Layout, trainer_only: bool = True) -> Candidate | Rejection:
+def evaluate(inputs: PlanInputs, layout: Layout, trainer_only: bool = True,
+             step_scale: float = 1.0) -> Candidate | Rejection:
     """Memory, time and failures of one layout, or why it cannot run (``trainer_only=False``: a given layout
-    that smelt's trainer need not be able to run, e.g. another system's published run)."""
+    that smelt's trainer need not be able to run, e.g. another system's published run). ``step_scale``
+    stretches the predicted step, checkpoint interval and goodput following it (the planner-error rows)."""
     shape, gpu = inputs.shape, inputs.gpu
     rejection = check_shape(layout, shape, gpu.gpus_per_node, inputs.global_seqs, trainer_only)
     if rejection:
@@ -190,7 +192,7 @@ def evaluate(inputs: PlanInputs, layout: Layout, trainer_only: bool = True) -> C
     rejection = memory.rejection(layout)
     if rejection:
         return rejection
-    step = step_time(shape, layout, gpu, inputs.global_seqs, inputs.timing)
+    step = step_time(shape, layout, gpu, inputs.global_seqs, inputs.timing).scaled(step_scale)
     reliability = plan_reliability(layout.world, shape.cfg.num_params(), layout, gpu, step.total, inputs.failures)
     train_s = inputs.tokens / step.tokens_per_s
     return Candidate(layout=layout, memory=memory, step=step, reliability=reliability,
@@ -263,18 +265,20 @@ class SensitivityRow:
     feasible: bool
 
 
-def sensitivity(result: Plan) -> list[SensitivityRow]:
+def sensitivity(result: Plan, planner_error: float | None = None) -> list[SensitivityRow]:
     """Days and dollars when one assumption moves; GPU count and schedules re-plan, the others keep the
-    chosen layout."""
+    chosen layout. ``planner_error`` (the validation table's held-out mean error, ``infra.validation``) adds
+    the plan with its step that much shorter and longer: a verdict that flips there is within the planner's
+    own error."""
     i = result.inputs
     rows = []
 
-    def row(factor: str, setting: str, inputs: PlanInputs, replan: bool) -> None:
+    def row(factor: str, setting: str, inputs: PlanInputs, replan: bool, step_scale: float = 1.0) -> None:
         if replan or not result.best:
             other = plan(inputs)
             best, ok = other.best, other.feasible
         else:
-            best = evaluate(inputs, result.best.layout, trainer_only=not result.given)
+            best = evaluate(inputs, result.best.layout, trainer_only=not result.given, step_scale=step_scale)
             best = best if isinstance(best, Candidate) else None
             ok = bool(best) and best.days <= inputs.days and best.cost <= inputs.budget
         rows.append(SensitivityRow(factor, setting, best.layout.name if best else None,
@@ -295,6 +299,9 @@ def sensitivity(result: Plan) -> list[SensitivityRow]:
         value = min(1.0, base * scale)
         row("compute efficiency", f"{value:.2f}",
             dataclasses.replace(i, timing=dataclasses.replace(i.timing, compute=value)), False)
+    if planner_error and result.best:
+        for sign in (-1, 1):
+            row("planner error", f"step {sign * planner_error:+.1%}", i, False, step_scale=1 + sign * planner_error)
     if result.given:  # the rest re-plan, which would replace the layout that was asked about
         return rows
     node = i.gpu.gpus_per_node

@@ -42,6 +42,7 @@ are replicated over the cp ranks, so gradients reduce over dp_shard × cp.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 
 from infra.catalogue import GPU
@@ -157,6 +158,12 @@ class StepTime:
     @property
     def mfu(self) -> float:
         return self.model_flops_per_step / (self.total * self.world * self.peak_flops)
+
+    def scaled(self, factor: float) -> StepTime:
+        """The same step with every part ``factor`` times as long: what the plan becomes if the planner is off
+        by that much (the sensitivity table's planner-error rows)."""
+        times = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "cp_comm")
+        return dataclasses.replace(self, **{name: getattr(self, name) * factor for name in times})
 
     def parts(self) -> dict[str, float]:
         return {"compute": self.compute, "recompute": self.recompute, "tp_comm": self.tp_comm,

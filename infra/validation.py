@@ -574,7 +574,7 @@ def render(rows: list[Scored]) -> str:
                      f"{r.layout.name}{mark}")
     s = summary(rows)
     lines.append(f"held-out rows: {s['held_out']} of {s['rows']} ({len(s['systems'])} systems): mean |error| "
-                 f"{s['held_out_mean_abs_error']:.1%}, worst {s['held_out_worst_abs_error']:.1%}; "
+                 f"{s['held_out_mean_abs_error']:.2%}, worst {s['held_out_worst_abs_error']:.1%}; "
                  f"peak memory ({s['memory_rows']} rows): mean {s['memory_mean_abs_error']:.1%}, "
                  f"worst {s['memory_worst_abs_error']:.1%}; tokens/s per GPU, published as tokens/s or "
                  f"converted from TFLOP/s with 6N + 12·L·H·Q·T")
@@ -618,7 +618,7 @@ def plot(rows: list[Scored], path: str) -> None:
     memory.set_ylim(low, high)
     s = summary(rows)
     speed.set(xlabel="published tokens/s per GPU", ylabel="smelt's error (%)",
-              title=f"throughput: held-out mean {s['held_out_mean_abs_error']:.1%}, "
+              title=f"throughput: held-out mean {s['held_out_mean_abs_error']:.2%}, "
                     f"worst {s['held_out_worst_abs_error']:.1%}")
     memory.set(xlabel="published peak memory per GPU (GB)", ylabel="smelt's count (GB)",
                title=f"memory: mean {s['memory_mean_abs_error']:.1%}, worst {s['memory_worst_abs_error']:.1%} "

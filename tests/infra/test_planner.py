@@ -97,6 +97,20 @@ def test_sensitivity_moves_the_way_it_should(question):
     assert cheap.cost < question.best.cost < dear.cost and cheap.days == dear.days
     half, double = by_factor["GPU count"]
     assert half.days > question.best.days > double.days and "fsdp" in half.layout
+    assert "planner error" not in by_factor  # only when the validation's error is given
+
+
+def test_planner_error_rows_stretch_the_step_and_keep_the_layout(question):
+    faster, slower = [r for r in sensitivity(question, planner_error=0.05) if r.factor == "planner error"]
+    assert (faster.setting, slower.setting) == ("step -5.0%", "step +5.0%")
+    assert faster.layout == slower.layout == question.best.layout.name
+    # days follow the step (goodput moves a little with the checkpoint interval in steps)
+    assert faster.days / question.best.days == pytest.approx(0.95, rel=0.01)
+    assert slower.days / question.best.days == pytest.approx(1.05, rel=0.01)
+    assert faster.cost < question.best.cost < slower.cost
+    longer = evaluate(question.inputs, question.best.layout, step_scale=1.05)
+    assert longer.step.total == pytest.approx(1.05 * question.best.step.total)
+    assert longer.step.tokens_per_s == pytest.approx(question.best.step.tokens_per_s / 1.05)
 
 
 def test_json_has_the_verdict_keys(question):
