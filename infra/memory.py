@@ -119,9 +119,10 @@ class MemoryBreakdown:
     def rejection(self, layout: Layout) -> Rejection | None:
         if self.fits:
             return None
+        digits = 1 if round(self.total / GB, 1) > round(self.usable / GB, 1) else 2  # never "72.0 > 72.0"
         return Rejection("memory.exceeds_capacity",
-                         f"{layout.name} needs {self.total / GB:.1f} GB per GPU > {self.usable / GB:.1f} GB usable",
-                         excess=self.total - self.usable)
+                         f"{layout.name} needs {self.total / GB:.{digits}f} GB per GPU > "
+                         f"{self.usable / GB:.{digits}f} GB usable", excess=self.total - self.usable)
 
     def as_dict(self) -> dict[str, float]:
         names = ("params", "grads", "optimizer", "fsdp_buffers", "activations", "logits", "runtime", "total",

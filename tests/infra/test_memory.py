@@ -97,6 +97,16 @@ def test_a_layout_that_does_not_fit_says_by_how_much():
     assert "GB usable" in rejection.message and rejection.excess == pytest.approx(mem.total - mem.usable)
 
 
+def test_a_layout_just_over_the_limit_shows_two_numbers_that_differ():
+    layout = Layout(tp=1, pp=1, dp_replicate=1, dp_shard=8, zero=3, micro_batch=8)
+    shape = ModelShape(SMALL, 8192)
+    mem = memory_per_rank(shape, layout, gpu("h100", memory_gb=8), microbatches=1)
+    tight = gpu("h100", memory_gb=8 * (mem.total - 0.01 * GB) / mem.usable)  # usable 10 MB short of the need
+    message = memory_per_rank(shape, layout, tight, microbatches=1).rejection(layout).message
+    needs, usable = (float(part.split(" GB")[0].split()[-1]) for part in message.split(" > "))
+    assert needs > usable, message
+
+
 def test_megatron_saves_sharded_inputs_and_fp8_keeps_linear_inputs_in_one_byte():
     shape = ModelShape(SMALL, 512)  # h = 1024, kv = 512, f = 4096
     assert layer_activation_bytes(shape, 2, "none", "megatron") == (12 * 1024 + 4 * 512 + 6 * 4096) / 2
