@@ -147,9 +147,11 @@ class StepTime:
     world: int
     peak_flops: float
 
+    TIMES = ("compute", "recompute", "tp_comm", "pp_comm", "cp_comm", "bubble", "dp_comm")  # the parts of a step
+
     @property
     def total(self) -> float:
-        return self.compute + self.recompute + self.tp_comm + self.pp_comm + self.cp_comm + self.bubble + self.dp_comm
+        return sum(getattr(self, name) for name in self.TIMES)
 
     @property
     def tokens_per_s(self) -> float:
@@ -162,8 +164,7 @@ class StepTime:
     def scaled(self, factor: float) -> StepTime:
         """The same step with every part ``factor`` times as long: what the plan becomes if the planner is off
         by that much (the sensitivity table's planner-error rows)."""
-        times = ("compute", "recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "cp_comm")
-        return dataclasses.replace(self, **{name: getattr(self, name) * factor for name in times})
+        return dataclasses.replace(self, **{name: getattr(self, name) * factor for name in self.TIMES})
 
     def parts(self) -> dict[str, float]:
         return {"compute": self.compute, "recompute": self.recompute, "tp_comm": self.tp_comm,
