@@ -53,11 +53,16 @@ from infra.pipeline_order import zbv_bubble
 # Fitted in infra/validation.py (FITTED; tests/infra/test_validation.py keeps these equal): torchao float8's
 # GEMM speed-up on H100 (the PyTorch path smelt's trainer would take) and attention's rate relative to the
 # GEMMs' (FlashAttention-2 at 16K; see attention_seconds).
-FP8_SPEEDUP = 1.7069
+FP8_SPEEDUP = 1.7587
 ATTENTION_RATE = 0.4306
 # The share of the tensor-parallel collectives' time that PyTorch's async TP hides, fitted on torchtitan's 70B
 # with and without it; smelt's trainer runs none.
-ASYNC_TP_HIDDEN = 0.6132
+ASYNC_TP_HIDDEN = 0.5359
+# torchao's float8 tensorwise GEMMs gain nothing over bf16 when the linear has at most 4,096 inputs and at most
+# 1,024 outputs: the bound of its auto filter (torchao/float8/float8_linear_utils.py, _auto_filter_for_tensorwise,
+# "dims below these thresholds may result in worse performance"), drawn from its per-shape H100 microbenchmarks.
+# Under TP it is the rank's shard that runs: Llama 3 8B's k and v (4,096 → 1,024) at any tp, q too at tp 8.
+FP8_GAINLESS_GEMM = (4096, 1024)
 
 # Attention kernels on an H100 SXM5, head dim 128, bf16, TFLOP/s by the sequence length of the call (512 … 16K):
 # forward with the causal mask, forward without, backward without (FlashAttention-3 paper, Shah et al. 2024,
@@ -93,7 +98,10 @@ class TimingAssumptions:
     cp_overlap: float = 0.90  # share of a layer's attention compute the ring exchange can hide behind
     cp_rotate: str = "ring"  # ring (chunk by chunk) | allgather (torch's all-at-once rotater)
     cp_kv_repeated: bool = False  # K/V repeated to the query heads before attention (GQA unused)
+    cp_fp32_merge: bool = False  # torch's ring attention: each step merged into fp32 buffers on the compute stream
     fp8_speedup: float = FP8_SPEEDUP  # FP8 linear GEMM rate / bf16 GEMM rate
+    # (inputs, outputs) at or below which an FP8 GEMM runs at the bf16 rate; None: every FP8 GEMM gains
+    fp8_gainless_gemm: tuple[int, int] | None = FP8_GAINLESS_GEMM
     gather_bytes: float = 2.0  # bytes per parameter FSDP all-gathers: bf16, or 1 with float8 all-gather
     fp8_tp_gathers: bool = False  # FP8 runs' sequence-parallel all-gathers carry FP8 (TE, torchao's TP plans)
     attention: float = ATTENTION_RATE  # attention's rate (its kernels' FLOPs) relative to the GEMMs', FA2 at 16K
@@ -287,6 +295,32 @@ def _gemm_bytes_per_element(fp8: bool) -> int:
     return 2 * _operand_bytes(fp8) + 2
 
 
+def _linears(shape: ModelShape) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+    """A block's linear layers as (inputs, outputs) per token: the column-parallel ones, q, k, v, w1 (and w3),
+    whose outputs TP shards, and the row-parallel ones, wo and w2, whose inputs it shards."""
+    c = shape.cfg
+    h, q, kv, f = c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
+    mlp_in, mlp_out = ((h, 4 * h),), (4 * h, h)  # a GPT block's GELU MLP (ModelShape.gelu_mlp)
+    if not shape.gelu_mlp:
+        mlp_in, mlp_out = ((h, f), (h, f)), (f, h)
+    return ((h, q), (h, kv), (h, kv), *mlp_in), ((q, h), mlp_out)
+
+
+def _fp8_gemm_speedup(inputs: int, outputs: int, a: TimingAssumptions) -> float:
+    """The FP8 speed-up of one GEMM with this many inputs and outputs on the rank: none at or below
+    ``fp8_gainless_gemm``, where the GEMM is too narrow to run faster in FP8."""
+    small = a.fp8_gainless_gemm is not None and inputs <= a.fp8_gainless_gemm[0] and outputs <= a.fp8_gainless_gemm[1]
+    return 1.0 if small else a.fp8_speedup
+
+
+def _fp8_linear_speedup(shape: ModelShape, tp: int, a: TimingAssumptions) -> float:
+    """The FP8 speed-up of a block's linear math: its GEMMs' rates weighted by their FLOPs, each GEMM at the
+    shape it has on the rank (a column-parallel shard keeps its inputs whole, a row-parallel one its outputs)."""
+    column, row = _linears(shape)
+    gemms = [(i, o // tp) for i, o in column] + [(i // tp, o) for i, o in row]
+    return sum(i * o for i, o in gemms) / sum(i * o / _fp8_gemm_speedup(i, o, a) for i, o in gemms)
+
+
 def _gemm_activation_bytes(shape: ModelShape, tp: int, fp8: bool) -> float:
     """HBM bytes per token and layer the linear GEMMs move for their activations, forward and backward,
     taken as time added to their math (no overlap), which is what makes narrow shards slow: a GEMM with i
@@ -296,13 +330,7 @@ def _gemm_activation_bytes(shape: ModelShape, tp: int, fp8: bool) -> float:
     written in bf16). Under TP the full-width side of each shard is not divided: a column-parallel GEMM reads
     the whole gathered hidden state, a row-parallel one writes whole partial sums. The weights' own traffic,
     the same (2b + 2) bytes per parameter, is paid once per micro-batch (``step_time``)."""
-    c = shape.cfg
-    h, q, kv, f = c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.ffn_hidden
-    mlp_in, mlp_out = ((h, 4 * h),), (4 * h, h)  # a GPT block's GELU MLP (ModelShape.gelu_mlp)
-    if not shape.gelu_mlp:
-        mlp_in, mlp_out = ((h, f), (h, f)), (f, h)
-    column = ((h, q), (h, kv), (h, kv), *mlp_in)  # q, k, v, w1 (and w3): outputs sharded
-    row = ((q, h), mlp_out)  # wo, w2: inputs sharded
+    column, row = _linears(shape)
     per_token = sum(i + o / tp for i, o in column) + sum(i / tp + o for i, o in row)
     return _gemm_bytes_per_element(fp8) * per_token
 
@@ -357,7 +385,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     linear_flops = shape.layer_flops - shape.attention_flops
     attention_fwd_s, attention_bwd_s = attention_seconds(shape, layout, gpu, a)
     attention_s = attention_fwd_s + attention_bwd_s
-    layer_s = (linear_flops / layout.tp / (rate * (a.fp8_speedup if fp8 else 1.0)) + attention_s
+    layer_s = (linear_flops / layout.tp / (rate * (_fp8_linear_speedup(shape, layout.tp, a) if fp8 else 1.0))
+               + attention_s
                + (_elementwise_bytes(shape, layout.tp) + _gemm_activation_bytes(shape, layout.tp, fp8)) / hbm)
     if fp8:
         layer_s += _fp8_cast_bytes(shape, layout.tp, a.fp8_tp_gathers) / hbm
@@ -378,13 +407,27 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
         recompute = tokens * layers * ((layer_s - attention_s) / 3 + attention_fwd_s) + a.layer_overhead_s * layers
     elif layout.activation_checkpoint == "selective":  # memory-bound ops, and the policy's matmuls
         matmuls, gathers = selective_reruns(a.selective_policy, shape, layout.tp)
-        linear_rate = rate * a.fp8_speedup if fp8 else rate
         # the rerun forwards (column-parallel, or at tp 1): math, full-width inputs read, sharded outputs written
         recompute = tokens * layers * (_selective_recompute_bytes(shape, layout.tp) / hbm
-                                       + sum(2 * i * o / layout.tp / linear_rate
+                                       + sum(2 * i * o / layout.tp
+                                             / (rate * (_fp8_gemm_speedup(i, o // layout.tp, a) if fp8 else 1.0))
                                              + (_operand_bytes(fp8) * i + 2 * o / layout.tp) / hbm
                                              for i, o in matmuls))
         regathered = gathers * layers
+
+    if layout.cp > 1 and a.cp_fp32_merge:
+        # torch's ring attention (_templated_ring_attention and its backward) folds every ring step after the
+        # first into fp32 buffers on the compute stream: the forward merges the step's bf16 output into the fp32
+        # running output, the backward adds the step's dq, dk and dv to fp32 accumulators (dk and dv are those the
+        # ring passes on). Fused, each reads the fp32 buffer and the bf16 step result and writes the buffer: 10
+        # bytes per element. The last rank runs every step on its whole query. Transformer Engine instead
+        # corrects on a side stream, behind the next step's attention.
+        q = cfg.n_heads * cfg.head_dim / layout.tp
+        kv = (cfg.n_heads if a.cp_kv_repeated else cfg.n_kv_heads) * cfg.head_dim / layout.tp
+        merge = tokens * layers * (layout.cp - 1) * 10 / hbm
+        compute += merge * (q + q + 2 * kv)  # the forward's merges and the backward's accumulations
+        if layout.activation_checkpoint == "full":
+            recompute += merge * q
 
     activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation on this rank
     tp_collectives = 8 * layers + 4 * recomputed + regathered

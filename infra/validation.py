@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from infra.catalogue import gpu as lookup_gpu
 from infra.layout import Layout, ModelShape, check_shape, parse_layout
 from infra.memory import GB, MemoryAssumptions, memory_per_rank
-from infra.timing import TimingAssumptions, step_time
+from infra.timing import FP8_GAINLESS_GEMM, TimingAssumptions, step_time
 from tasks.model_config import PRESETS, ModelConfig
 
 GIB = 2**30
@@ -63,6 +63,9 @@ class Stack:
     fp8_params: bool = False  # FP8 runs store the layers' weights in FP8
     efficiency: str = ""  # the FITTED constant for its GEMM efficiency ('' = its name)
     fp8: str = ""  # the FITTED constant for its FP8 GEMM speed-up ('' = fp8_ + the efficiency constant)
+    # torchao's narrow-GEMM bound (infra.timing.FP8_GAINLESS_GEMM); None for Transformer Engine, which fuses q, k
+    # and v into one GEMM and is not what torchao measured
+    fp8_gainless_gemm: tuple[int, int] | None = FP8_GAINLESS_GEMM
     overhead: str = ""  # the FITTED constant for its per-layer fixed cost in ms ('' = none)
     system: str = ""  # the system it is a release of ('' = its name)
     attention_kernel: str = "fa2"  # infra.timing.ATTENTION_KERNELS: fa2 (torch SDPA, flash-attn 2) | cudnn (TE)
@@ -75,6 +78,7 @@ class Stack:
     kept_input_grads: str = "split"  # where stages keep their inputs' gradients until the next step (infra.memory)
     cp_rotate: str = "ring"  # how its context parallel passes K/V (infra.timing)
     cp_kv_repeated: bool = False  # its model repeats K/V to the query heads before attention
+    cp_fp32_merge: bool = False  # its ring attention merges each step into fp32 buffers (infra.timing)
 
     @property
     def constant(self) -> str:
@@ -96,25 +100,27 @@ STACKS = {
     # in place (38 bytes per logit), in the backward the in-place scaling and the cast back to bf16 (14).
     "megatron": Stack("megatron", "Megatron-LM / NeMo (Megatron-Core + Transformer Engine)", saves="megatron",
                       tp_overlap=True, attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te",
-                      torch_pipelining=False),
+                      torch_pipelining=False, fp8_gainless_gemm=None),
     # NeMo's performance scripts (scripts/performance/helpers.py, set_precision_configs) reduce gradients in
     # bf16 and, for FP8, gather FP8 parameters (recipes/precision/mixed_precision.py: fp8_param_gather).
     # NeMo as of its 24.07 performance table (4c73f77670) sets no cross_entropy_loss_fusion: Megatron-Core's
     # unfused loss, as above.
     "nemo": Stack("nemo", "NeMo / Megatron-Bridge performance recipes (Megatron-Core + Transformer Engine)",
                   saves="megatron", tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron",
-                  fp8="fp8_te", attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te", torch_pipelining=False),
+                  fp8="fp8_te", attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te", torch_pipelining=False,
+                  fp8_gainless_gemm=None),
     # Megatron-Bridge 25.11: the same kernels, but its performance recipes fuse the loss
     # (scripts/performance/utils/helpers.py, set_common_perf_overrides: cross_entropy_fusion_impl = "te"): two
     # reads of the bf16 logits, the gradient written in place, its in-place scaling in the backward (10 bytes).
     "bridge": Stack("bridge", "Megatron-Bridge 25.11 performance recipes", saves="megatron", tp_overlap=True,
                     grad_bytes=2, fp8_params=True, efficiency="megatron", fp8="fp8_te", attention_kernel="cudnn",
-                    loss_bytes=10, system="nemo", tp_overlap_kind="te", torch_pipelining=False),
+                    loss_bytes=10, system="nemo", tp_overlap_kind="te", torch_pipelining=False,
+                    fp8_gainless_gemm=None),
     # The benchmark tables (October 2023, January 2024) ran Composer's eager FSDP (FullyShardedDataParallel);
     # FP8 rows swap the linear layers for Transformer Engine's (scripts/train/benchmarking/submit_benchmarks.py:
     # fc_type 'te', TransformerEngine v0.10), so they share NeMo's FP8 speed-up; attention is flash-attn/Triton.
     "llm-foundry": Stack("llm-foundry", "MosaicML LLM Foundry (Composer, PyTorch FSDP)", saves="torch",
-                         tp_overlap=False, fp8="fp8_te", overhead="fsdp1_layer_ms"),
+                         tp_overlap=False, fp8="fp8_te", overhead="fsdp1_layer_ms", fp8_gainless_gemm=None),
     # December 2024: the loss is not compiled (train.py at 9dec370: "compiling loss function causes CUDA
     # errors"), so it holds bf16 logits, their fp32 copy, fp32 and bf16 gradients: 12 bytes per entry.
     # Under TP the loss runs vocabulary-parallel (parallelize_llama.py: ColwiseParallel output Shard(-1)),
@@ -126,7 +132,7 @@ STACKS = {
     "torchtitan": Stack("torchtitan", "torchtitan (PyTorch FSDP2/TP/PP, torch.compile, torchao float8)",
                         saves="torchtitan", tp_overlap=False, logits_bytes=12, loss_parallel_logits_bytes=16,
                         kept_outputs="all", kept_input_grads="all", selective_policy="torchtitan-op",
-                        cp_rotate="allgather", cp_kv_repeated=True),
+                        cp_rotate="allgather", cp_kv_repeated=True, cp_fp32_merge=True),
     # June 2025 (e7c0cae): components/loss.py compiles the loss with the model, which fuses the fp32 upcast:
     # bf16 logits and their bf16 gradient, 4 bytes per entry. Same kernels otherwise.
     "torchtitan-2506": Stack("torchtitan-2506", "torchtitan, June 2025 (compiled loss)", saves="torchtitan",
@@ -350,7 +356,7 @@ FIT_ORDER = ("meta", "attention", "megatron", "fp8_te", "llm-foundry", "fsdp1_la
              "torchtitan", "h100-96gb-500w", "fp8_torchtitan", "cudnn_2403", "async_tp")
 FITTED = {"meta": 0.6241, "attention": 0.4306, "megatron": 0.5594, "fp8_te": 2.3113, "llm-foundry": 0.6704,
           "fsdp1_layer_ms": 1.9739, "a100": 1.185, "torchtitan": 0.6346, "h100-96gb-500w": 0.8442,
-          "fp8_torchtitan": 1.7069, "cudnn_2403": 0.8844, "async_tp": 0.6132}
+          "fp8_torchtitan": 1.7587, "cudnn_2403": 0.8844, "async_tp": 0.5359}
 
 
 @dataclass(frozen=True)
@@ -407,7 +413,8 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
                                gather_bytes=1.0 if run.fp8_all_gather else 2.0, loss_bytes=stack.loss_bytes,
                                tp_overlap_kind=stack.tp_overlap_kind, fp8_tp_gathers=True,
                                selective_policy=stack.selective_policy, cp_rotate=stack.cp_rotate,
-                               cp_kv_repeated=stack.cp_kv_repeated,
+                               cp_kv_repeated=stack.cp_kv_repeated, cp_fp32_merge=stack.cp_fp32_merge,
+                               fp8_gainless_gemm=stack.fp8_gainless_gemm,
                                async_tp_hidden=constants["async_tp"])
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes,

@@ -6,8 +6,8 @@ import pytest
 
 from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape, split_stages
-from infra.timing import (ASYNC_TP_HIDDEN, TimingAssumptions, _fp8_cast_bytes, _gemm_activation_bytes,
-                          _ring_collective, attention_seconds, step_time)
+from infra.timing import (ASYNC_TP_HIDDEN, FP8_SPEEDUP, TimingAssumptions, _fp8_cast_bytes, _fp8_linear_speedup,
+                          _gemm_activation_bytes, _ring_collective, attention_seconds, step_time)
 from tasks.model_config import PRESETS
 
 
@@ -255,6 +255,53 @@ def test_fp8_casts_of_gathered_tensors_are_full_width_under_tensor_parallel():
     assert _fp8_cast_bytes(shape, 8, True) == pytest.approx(6 * sharded / 8 + 5 * 4 * h / 8 + 2 * 4 * h)
     # FP8 gathers cast less than bf16 ones, and a TP8 rank casts more per token than an eighth of a TP1 rank
     assert _fp8_cast_bytes(shape, 1, True) / 8 < _fp8_cast_bytes(shape, 8, True) < _fp8_cast_bytes(shape, 8, False)
+
+
+def test_fp8_gains_nothing_on_gemms_torchao_finds_too_narrow():
+    """torchao's tensorwise bound (K ≤ 4096 inputs and N ≤ 1024 outputs) on the GEMM each rank runs: Llama 3 8B's
+    k and v (4096 → 1024) at any tp, q too at tp 8 (4096 → 512); nothing of a 70B's at tp 8 (its inputs are
+    8,192 wide). The speed-up is the FLOP-weighted harmonic mean of the GEMMs' rates."""
+    a = TimingAssumptions()
+    cfg = PRESETS["8b"]
+    h, kv, f = cfg.dim, cfg.n_kv_heads * cfg.head_dim, cfg.ffn_hidden
+    total = 2 * h * h + 2 * h * kv + 3 * h * f
+    for tp, slow in ((1, 2 * h * kv), (8, h * h + 2 * h * kv)):
+        expected = total / ((total - slow) / FP8_SPEEDUP + slow)
+        assert _fp8_linear_speedup(ModelShape(cfg, 8192), tp, a) == pytest.approx(expected)
+    assert _fp8_linear_speedup(ModelShape(PRESETS["70b"], 8192), 8, a) == pytest.approx(FP8_SPEEDUP)
+    every_gemm = dataclasses.replace(a, fp8_gainless_gemm=None)  # Transformer Engine's stacks
+    assert _fp8_linear_speedup(ModelShape(cfg, 8192), 8, every_gemm) == pytest.approx(FP8_SPEEDUP)
+    # so FP8 gains less on an 8B at tp 8 than at tp 1, and the bf16 step does not change
+    shape, h100 = ModelShape(cfg, 8192), gpu("h100")
+    gain = {}
+    for tp in (1, 8):
+        layout = Layout(tp=tp, pp=1, dp_replicate=1, dp_shard=64 // tp, zero=3, micro_batch=2)
+        bf16 = step_time(shape, layout, h100, 128)
+        assert bf16.total == step_time(shape, layout, h100, 128, every_gemm).total
+        fp8 = dataclasses.replace(layout, precision="fp8")
+        gain[tp] = bf16.total / step_time(shape, fp8, h100, 128).total
+        assert gain[tp] < bf16.total / step_time(shape, fp8, h100, 128, every_gemm).total
+    assert 1 < gain[8] < gain[1]
+
+
+def test_torchs_ring_attention_merges_each_step_into_fp32_buffers():
+    """After every ring step but the first: the forward reads the fp32 running output and the step's bf16 output
+    and writes the buffer (10 bytes per query element), again under full recomputation; the backward does the
+    same for dq and for the K/V gradients the ring passes on. Linear in cp − 1, none at cp 1, none on TE."""
+    shape, h100 = ModelShape(PRESETS["8b"], 131072), gpu("h100")
+    c = shape.cfg
+    merged = TimingAssumptions(cp_rotate="allgather", cp_kv_repeated=True, cp_fp32_merge=True)
+    free = dataclasses.replace(merged, cp_fp32_merge=False)
+    for cp, ac in ((1, "full"), (4, "full"), (8, "full"), (8, "none")):
+        layout = Layout(tp=1, pp=1, dp_replicate=1, dp_shard=8 // cp, zero=3, micro_batch=1, cp=cp,
+                        activation_checkpoint=ac)
+        with_merges = step_time(shape, layout, h100, 8 // cp, merged)
+        without = step_time(shape, layout, h100, 8 // cp, free)
+        tokens, q = 131072 // cp, c.n_heads * c.head_dim  # K/V repeated: as wide as q
+        per_step = tokens * c.n_layers * 10 / (h100.hbm_tbps * 1e12)
+        assert with_merges.compute - without.compute == pytest.approx((cp - 1) * per_step * 4 * q)
+        recomputed = (cp - 1) * per_step * q if ac == "full" else 0.0
+        assert with_merges.recompute - without.recompute == pytest.approx(recomputed, abs=1e-12)
 
 
 def test_torchs_allgather_rotater_exposes_what_the_local_block_cannot_hide():

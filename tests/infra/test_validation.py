@@ -29,8 +29,10 @@ BY_KEY = {r.run.key: r for r in ROWS}
 # full-width casts and transposes under TP took the mean to 0.0526 and the worst, torchtitan's 8B TP8 FP8 row
 # with async TP, from 0.247 to 0.253: the source code's behaviour, not a fit, moved that outlier.
 # The mean rose to 0.0529 when the fit ran to its fixed point: six sweeps had left LLM Foundry's MPT-7B row 0.2%
-# off, and its held-out rows 0.2 points better than the constants solved in full give.)
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.0529, 0.253, 0.045, 0.147
+# off, and its held-out rows 0.2 points better than the constants solved in full give. It fell to 0.0516 / 0.207
+# when torchao's narrow FP8 GEMMs (K ≤ 4096 and N ≤ 1024 on the rank) ran at the bf16 rate, and to 0.0509 with
+# the fp32 merges torch's ring attention runs after every ring step.)
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.0509, 0.207, 0.045, 0.147
 MEMORY_WITHIN_10 = 16  # rows whose peak memory is within 10% of the published figure
 
 
@@ -118,17 +120,27 @@ def test_nemo_long_sequence_sweep_holds_from_4k_to_1m_tokens():
     assert tflops[4] / tflops[128] == pytest.approx(768 / 555, rel=0.06)
 
 
-def test_torchtitans_8b_cp_sweep_cannot_come_within_15_percent_at_smellts_fixed_work():
-    """infra/README.md argues the 8B CP row's miss is the source's: keep that true. With smelt's fixed work
-    (fitted on Table 1) no attention cost brings all four rows within 15%; the 405B sweep could."""
+def _without_fp32_merges(monkeypatch) -> list:
+    """The CP sweeps scored as if torch's ring attention merged its steps for free."""
+    monkeypatch.setitem(STACKS, "torchtitan", dataclasses.replace(STACKS["torchtitan"], cp_fp32_merge=False))
+    return [score(r) for r in RUNS if r.key.startswith(CP_SWEEPS)]
+
+
+def test_the_ring_merges_bring_the_8b_cp_sweep_within_reach_of_the_bar(monkeypatch):
+    """infra/README.md: the 8B CP sweep's floor. Counting the fp32 merges torch's ring attention runs after every
+    ring step lowers smelt's fixed work F to where some attention cost would bring all four rows within 15%
+    (just: a floor of 14.9%), and smelt's own worst row is within a point of that floor; without them F is too
+    large for any. The 405B sweep is within reach either way."""
     small, large = (cp_sweep_floor(ROWS, prefix) for prefix in CP_SWEEPS)
-    assert 0.15 < small["floor"] <= small["smelt_worst"] < small["floor"] + 0.05, small
-    assert small["fixed_for_bar_s"] < small["fixed_s"], small
+    assert small["floor"] <= 0.15 and small["fixed_for_bar_s"] == small["fixed_s"], small
+    assert small["smelt_worst"] < small["floor"] + 0.01, small
     assert large["floor"] < 0.15 and large["fixed_for_bar_s"] == large["fixed_s"], large
+    free = cp_sweep_floor(_without_fp32_merges(monkeypatch), "titan-8b-8-cp")
+    assert free["fixed_s"] > small["fixed_s"] and free["floor"] > 0.15 and free["fixed_for_bar_s"] < free["fixed_s"]
 
 
-def test_the_cp_floor_is_the_best_attention_cost():
-    sweep = cp_sweep_floor(ROWS, "titan-8b-8-cp")
+def test_the_cp_floor_is_the_best_attention_cost(monkeypatch):
+    sweep = cp_sweep_floor(_without_fp32_merges(monkeypatch), "titan-8b-8-cp")
     steps, cps, fixed = sweep["published_step_s"], [1, 2, 4, 8], sweep["fixed_s"]
     best = sweep["balanced_attention_s"]
     assert _worst(steps, cps, fixed, best) == pytest.approx(sweep["floor"], abs=2e-4)
