@@ -57,7 +57,7 @@ FP8_SPEEDUP = 1.7587
 ATTENTION_RATE = 0.4306
 # The share of the tensor-parallel collectives' time that PyTorch's async TP hides, fitted on torchtitan's 70B
 # with and without it; smelt's trainer runs none.
-ASYNC_TP_HIDDEN = 0.5359
+ASYNC_TP_HIDDEN = 0.2554
 # torchao's float8 tensorwise GEMMs gain nothing over bf16 when the linear has at most 4,096 inputs and at most
 # 1,024 outputs: the bound of its auto filter (torchao/float8/float8_linear_utils.py, _auto_filter_for_tensorwise,
 # "dims below these thresholds may result in worse performance"), drawn from its per-shape H100 microbenchmarks.
@@ -99,6 +99,9 @@ class TimingAssumptions:
     cp_rotate: str = "ring"  # ring (chunk by chunk) | allgather (torch's all-at-once rotater)
     cp_kv_repeated: bool = False  # K/V repeated to the query heads before attention (GQA unused)
     cp_fp32_merge: bool = False  # torch's ring attention: each step merged into fp32 buffers on the compute stream
+    # full recomputation compiled with the block (torch.compile over the checkpoint): the backward reruns all but
+    # the block's last matmul, w2, and under TP its reduce-scatter (tests/infra/test_selective_policy.py)
+    compiled_recompute: bool = False
     fp8_speedup: float = FP8_SPEEDUP  # FP8 linear GEMM rate / bf16 GEMM rate
     # (inputs, outputs) at or below which an FP8 GEMM runs at the bf16 rate; None: every FP8 GEMM gains
     fp8_gainless_gemm: tuple[int, int] | None = FP8_GAINLESS_GEMM
@@ -405,6 +408,11 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     if layout.activation_checkpoint == "full":  # the whole forward again, collectives included
         recomputed = layers
         recompute = tokens * layers * ((layer_s - attention_s) / 3 + attention_fwd_s) + a.layer_overhead_s * layers
+        if a.compiled_recompute:  # but w2's forward GEMM: the block's output is not needed by its backward
+            i, o = _linears(shape)[1][-1]
+            i //= layout.tp
+            recompute -= tokens * layers * (2 * i * o / (rate * (_fp8_gemm_speedup(i, o, a) if fp8 else 1.0))
+                                            + (_operand_bytes(fp8) * i + 2 * o) / hbm)
     elif layout.activation_checkpoint == "selective":  # memory-bound ops, and the policy's matmuls
         matmuls, gathers = selective_reruns(a.selective_policy, shape, layout.tp)
         # the rerun forwards (column-parallel, or at tp 1): math, full-width inputs read, sharded outputs written
@@ -430,7 +438,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
             recompute += merge * q
 
     activation = tokens * cfg.dim * 2  # bytes of one full (unsharded) bf16 activation on this rank
-    tp_collectives = 8 * layers + 4 * recomputed + regathered
+    rerun_scatters = 1 if a.compiled_recompute else 2  # per recomputed layer: after wo (and w2, uncompiled)
+    tp_collectives = 8 * layers + (2 + rerun_scatters) * recomputed + regathered
     if fp8 and a.fp8_tp_gathers:  # the all-gathers carry FP8: inputs of q/k/v and w1/w3, gradients of wo and w2
         tp_collectives -= (4 * layers + 2 * recomputed + regathered) / 2
     collective = _ring_collective(_ring(layout.tp) * activation / nvlink, layout.tp, 1)
@@ -447,7 +456,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
         if a.tp_overlap_kind == "te":
             tp = max(tp, (2 * layers + 2 * recomputed) * collective / 4)
         else:
-            tp = max(tp_comm * (1 - a.async_tp_hidden), (4 * layers + 2 * recomputed) * collective / layout.tp)
+            tp = max(tp_comm * (1 - a.async_tp_hidden),
+                     (4 * layers + rerun_scatters * recomputed) * collective / layout.tp)
     pp = (layout.virtual_stages * activation / layout.tp * _pp_links(gpu, layout, nvlink, nic) * (1 - a.pp_overlap)
           if layout.pp > 1 else 0.0)
 

@@ -79,6 +79,7 @@ class Stack:
     cp_rotate: str = "ring"  # how its context parallel passes K/V (infra.timing)
     cp_kv_repeated: bool = False  # its model repeats K/V to the query heads before attention
     cp_fp32_merge: bool = False  # its ring attention merges each step into fp32 buffers (infra.timing)
+    compiled: bool = False  # torch.compile over each (checkpointed) block: full recomputation skips w2 (infra.timing)
 
     @property
     def constant(self) -> str:
@@ -132,12 +133,13 @@ STACKS = {
     "torchtitan": Stack("torchtitan", "torchtitan (PyTorch FSDP2/TP/PP, torch.compile, torchao float8)",
                         saves="torchtitan", tp_overlap=False, logits_bytes=12, loss_parallel_logits_bytes=16,
                         kept_outputs="all", kept_input_grads="all", selective_policy="torchtitan-op",
-                        cp_rotate="allgather", cp_kv_repeated=True, cp_fp32_merge=True),
+                        cp_rotate="allgather", cp_kv_repeated=True, cp_fp32_merge=True, compiled=True),
     # June 2025 (e7c0cae): components/loss.py compiles the loss with the model, which fuses the fp32 upcast:
     # bf16 logits and their bf16 gradient, 4 bytes per entry. Same kernels otherwise.
     "torchtitan-2506": Stack("torchtitan-2506", "torchtitan, June 2025 (compiled loss)", saves="torchtitan",
                              tp_overlap=False, logits_bytes=4, efficiency="torchtitan", system="torchtitan",
-                             kept_outputs="last", kept_input_grads="all", selective_policy="torchtitan-op"),
+                             kept_outputs="last", kept_input_grads="all", selective_policy="torchtitan-op",
+                             compiled=True),
 }
 
 # NeMo 24.03.01: NeMo's recipes, but its container's cuDNN (early 2024) predates the one that the
@@ -356,7 +358,7 @@ FIT_ORDER = ("meta", "attention", "megatron", "fp8_te", "llm-foundry", "fsdp1_la
              "torchtitan", "h100-96gb-500w", "fp8_torchtitan", "cudnn_2403", "async_tp")
 FITTED = {"meta": 0.6241, "attention": 0.4306, "megatron": 0.5594, "fp8_te": 2.3113, "llm-foundry": 0.6704,
           "fsdp1_layer_ms": 1.9739, "a100": 1.185, "torchtitan": 0.6346, "h100-96gb-500w": 0.8442,
-          "fp8_torchtitan": 1.7587, "cudnn_2403": 0.8844, "async_tp": 0.5359}
+          "fp8_torchtitan": 1.7587, "cudnn_2403": 0.8844, "async_tp": 0.2554}
 
 
 @dataclass(frozen=True)
@@ -414,7 +416,7 @@ def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
                                tp_overlap_kind=stack.tp_overlap_kind, fp8_tp_gathers=True,
                                selective_policy=stack.selective_policy, cp_rotate=stack.cp_rotate,
                                cp_kv_repeated=stack.cp_kv_repeated, cp_fp32_merge=stack.cp_fp32_merge,
-                               fp8_gainless_gemm=stack.fp8_gainless_gemm,
+                               fp8_gainless_gemm=stack.fp8_gainless_gemm, compiled_recompute=stack.compiled,
                                async_tp_hidden=constants["async_tp"])
     # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes,

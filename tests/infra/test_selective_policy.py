@@ -58,8 +58,9 @@ class _ReduceScattered(torch.nn.Module):
         return funcol.reduce_scatter_tensor(self.linear(x), "sum", 0, dist.group.WORLD)
 
 
-def _rerun_widths(block: Block) -> tuple[int, list[int]]:
-    """Matmuls in the compiled backward graph, and the output widths of the forward ones it reruns."""
+def _backward_graph(block: Block, context_fn=None) -> torch.fx.Graph:
+    """The backward graph torch.compile builds for ``block`` under checkpoint: the per-op policy, or full
+    recomputation (``context_fn`` None) as torchtitan and smelt's trainer compile it, over the checkpoint."""
     graphs = {}
 
     def keep(name):
@@ -71,16 +72,23 @@ def _rerun_widths(block: Block) -> tuple[int, list[int]]:
     backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
                            partition_fn=min_cut_rematerialization_partition)
     rope = rope_tables(CFG.head_dim, CFG.max_seq_len, CFG.rope_theta)
-    step = torch.compile(lambda x: checkpoint(block, x, rope, use_reentrant=False, context_fn=_per_op_policy),
-                         backend=backend, fullgraph=True)
+    policy = {} if context_fn is None else {"context_fn": context_fn}
+    step = torch.compile(lambda x: checkpoint(block, x, rope, use_reentrant=False, **policy), backend=backend,
+                         fullgraph=True)
     torch._dynamo.reset()
     step(torch.randn(2, 16, CFG.dim, requires_grad=True)).sum().backward()
-    matmuls = [n for n in graphs["backward"].graph.nodes if n.target in (MM, SCALED_MM)]
-    reruns = sorted(n.meta["val"].shape[-1] for n in matmuls if n.meta.get("recompute") is not None)
+    graph = graphs.pop("backward").graph
     graphs.clear()
     torch._dynamo.reset()  # drop the compiled graphs' fake tensors: later tests scan live storages
     gc.collect()
-    return len(matmuls), reruns
+    return graph
+
+
+def _rerun_widths(block: Block) -> tuple[int, list[int]]:
+    """Matmuls in the compiled backward graph, and the output widths of the forward ones it reruns."""
+    graph = _backward_graph(block, _per_op_policy)
+    matmuls = [n for n in graph.nodes if n.target in (MM, SCALED_MM)]
+    return len(matmuls), sorted(n.meta["val"].shape[-1] for n in matmuls if n.meta.get("recompute") is not None)
 
 
 @pytest.fixture
@@ -123,3 +131,24 @@ def test_after_a_reduce_scatter_wo_is_not_rerun(one_rank):
     matmuls, reruns = _rerun_widths(block)
     assert reruns == [32, 96] == _planned(8)  # the residual is rebuilt from the kept reduce-scatter output
     assert matmuls == 2 * 7 + 2
+
+
+def _reruns(graph: torch.fx.Graph, targets) -> list:
+    return [n for n in graph.nodes if n.target in targets and n.meta.get("recompute") is not None]
+
+
+def test_compiled_full_recomputation_reruns_all_but_the_last_matmul_and_its_reduce_scatter(one_rank):
+    """Full recomputation compiled over the checkpoint (``TimingAssumptions.compiled_recompute``): the
+    partitioner reruns only what the backward needs. The block's output is not needed, so w2 (96 → 64) is not
+    rerun; wo is, since the residual sum after attention feeds the second norm's backward; and of the two
+    reduce-scatters, only wo's."""
+    torch.manual_seed(0)
+    graph = _backward_graph(Block(CFG))
+    shapes = sorted((tuple(n.args[0].meta["val"].shape)[-1], n.meta["val"].shape[-1]) for n in _reruns(graph, {MM}))
+    assert shapes == [(64, 32), (64, 32), (64, 64), (64, 64), (64, 96), (64, 96)]  # k, v, q, wo, w1, w3
+    block = Block(CFG)
+    block.attention.wo = _ReduceScattered(block.attention.wo)
+    block.feed_forward.w2 = _ReduceScattered(block.feed_forward.w2)
+    graph = _backward_graph(block)
+    assert len(_reruns(graph, {MM})) == 6
+    assert len(_reruns(graph, {torch.ops._c10d_functional.reduce_scatter_tensor.default})) == 1

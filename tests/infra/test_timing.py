@@ -284,6 +284,23 @@ def test_fp8_gains_nothing_on_gemms_torchao_finds_too_narrow():
     assert 1 < gain[8] < gain[1]
 
 
+def test_compiled_full_recomputation_skips_w2_and_its_reduce_scatter():
+    """Compiled over the checkpoint, full recomputation reruns the block but its last matmul, w2 (row-parallel:
+    f/tp inputs, h outputs), and under TP that matmul's reduce-scatter: 11 collectives a layer, not 12."""
+    shape, h100 = ModelShape(PRESETS["70b"], 8192), gpu("h100")
+    c = shape.cfg
+    layout = Layout(tp=8, pp=1, dp_replicate=1, dp_shard=64, zero=3, micro_batch=1, activation_checkpoint="full")
+    eager, compiled = TimingAssumptions(), TimingAssumptions(compiled_recompute=True)
+    a, b = step_time(shape, layout, h100, 64, eager), step_time(shape, layout, h100, 64, compiled)
+    i, o, rate = c.ffn_hidden // 8, c.dim, h100.peak_flops * h100.compute_efficiency
+    w2 = 8192 * c.n_layers * (2 * i * o / rate + (2 * i + 2 * o) / (h100.hbm_tbps * 1e12))
+    assert a.recompute - b.recompute == pytest.approx(w2)
+    assert b.tp_comm == pytest.approx(a.tp_comm * 11 / 12)
+    assert a.compute == b.compute
+    selective = dataclasses.replace(layout, activation_checkpoint="selective")  # nothing else changes
+    assert step_time(shape, selective, h100, 64, eager).total == step_time(shape, selective, h100, 64, compiled).total
+
+
 def test_torchs_ring_attention_merges_each_step_into_fp32_buffers():
     """After every ring step but the first: the forward reads the fp32 running output and the step's bf16 output
     and writes the buffer (10 bytes per query element), again under full recomputation; the backward does the

@@ -31,8 +31,9 @@ BY_KEY = {r.run.key: r for r in ROWS}
 # The mean rose to 0.0529 when the fit ran to its fixed point: six sweeps had left LLM Foundry's MPT-7B row 0.2%
 # off, and its held-out rows 0.2 points better than the constants solved in full give. It fell to 0.0516 / 0.207
 # when torchao's narrow FP8 GEMMs (K ≤ 4096 and N ≤ 1024 on the rank) ran at the bf16 rate, and to 0.0509 with
-# the fp32 merges torch's ring attention runs after every ring step.)
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.0509, 0.207, 0.045, 0.147
+# the fp32 merges torch's ring attention runs after every ring step, and to 0.0474 / 0.171 when torchtitan's
+# compiled full recomputation stopped rerunning w2 and its reduce-scatter.)
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.0474, 0.171, 0.045, 0.147
 MEMORY_WITHIN_10 = 16  # rows whose peak memory is within 10% of the published figure
 
 
@@ -126,21 +127,24 @@ def _without_fp32_merges(monkeypatch) -> list:
     return [score(r) for r in RUNS if r.key.startswith(CP_SWEEPS)]
 
 
-def test_the_ring_merges_bring_the_8b_cp_sweep_within_reach_of_the_bar(monkeypatch):
-    """infra/README.md: the 8B CP sweep's floor. Counting the fp32 merges torch's ring attention runs after every
-    ring step lowers smelt's fixed work F to where some attention cost would bring all four rows within 15%
-    (just: a floor of 14.9%), and smelt's own worst row is within a point of that floor; without them F is too
-    large for any. The 405B sweep is within reach either way."""
+def test_the_8b_cp_sweep_is_within_reach_of_the_bar_at_smelts_fixed_work(monkeypatch):
+    """infra/README.md: the 8B CP sweep's floor. smelt's fixed work F (its compiled recomputation skipping w2, its
+    fp32 ring merges paid per ring step, which lower the F that matters) leaves an attention cost that would bring
+    all four rows within 15%, but barely (a floor of 14.6%); smelt's own worst row is within two points of that
+    floor. The 405B sweep is well within reach."""
     small, large = (cp_sweep_floor(ROWS, prefix) for prefix in CP_SWEEPS)
-    assert small["floor"] <= 0.15 and small["fixed_for_bar_s"] == small["fixed_s"], small
-    assert small["smelt_worst"] < small["floor"] + 0.01, small
+    assert 0.14 < small["floor"] <= 0.15 and small["fixed_for_bar_s"] == small["fixed_s"], small
+    assert small["smelt_worst"] < small["floor"] + 0.02, small
     assert large["floor"] < 0.15 and large["fixed_for_bar_s"] == large["fixed_s"], large
     free = cp_sweep_floor(_without_fp32_merges(monkeypatch), "titan-8b-8-cp")
-    assert free["fixed_s"] > small["fixed_s"] and free["floor"] > 0.15 and free["fixed_for_bar_s"] < free["fixed_s"]
+    assert free["fixed_s"] > small["fixed_s"] and free["floor"] > small["floor"]
 
 
-def test_the_cp_floor_is_the_best_attention_cost(monkeypatch):
-    sweep = cp_sweep_floor(_without_fp32_merges(monkeypatch), "titan-8b-8-cp")
+def test_the_cp_floor_is_the_best_attention_cost():
+    # smelt's cp = 1 row 10% slower: a fixed work F past the one at which the bar can be met
+    rows = [dataclasses.replace(r, tokens_per_gpu=r.tokens_per_gpu / 1.1) if r.run.key == "titan-8b-8-cp1" else r
+            for r in ROWS]
+    sweep = cp_sweep_floor(rows, "titan-8b-8-cp")
     steps, cps, fixed = sweep["published_step_s"], [1, 2, 4, 8], sweep["fixed_s"]
     best = sweep["balanced_attention_s"]
     assert _worst(steps, cps, fixed, best) == pytest.approx(sweep["floor"], abs=2e-4)
@@ -148,7 +152,7 @@ def test_the_cp_floor_is_the_best_attention_cost(monkeypatch):
         assert _worst(steps, cps, fixed, other) > sweep["floor"]
     # just below the F it names, the bar is met; above it, not
     f = sweep["fixed_for_bar_s"]
-    assert f < fixed
+    assert sweep["floor"] > 0.15 and f < fixed
     assert _worst(steps, cps, f - 0.01, _balanced_attention(steps, cps, f - 0.01)) <= 0.15
     assert _worst(steps, cps, f + 0.01, _balanced_attention(steps, cps, f + 0.01)) > 0.15
 
