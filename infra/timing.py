@@ -6,13 +6,14 @@ weight-gradient work fills part of it, ``infra.pipeline_order``) + the data-para
 cannot hide.
 Per micro-batch slot: forward+backward FLOPs of the stage (GEMMs at ``compute`` × peak, attention's kernels
 at ``attention`` × that rate, scaled by their measured speed, see ``attention_seconds``; + one more forward
-under full recomputation, attention's included; selective recomputation reruns memory-bound ops and the
-matmuls its policy does not keep, ``SELECTIVE_POLICIES``), the memory-bound ops themselves at HBM bandwidth
+under full recomputation, attention's included, but w2's GEMM where the recomputation is compiled with the
+block (``compiled_recompute``); selective recomputation reruns memory-bound ops and the matmuls its policy does
+not keep, ``SELECTIVE_POLICIES``), the memory-bound ops themselves at HBM bandwidth
 (norms, residual adds, rotary, SwiGLU, the loss), the linear GEMMs' traffic on top of their math
 (``_gemm_activation_bytes``: what makes a TP shard of a small model slower per FLOP), the tensor-parallel
 collectives over NVLink (with sequence parallel: an all-gather and a reduce-scatter around attention and around
-the MLP, each way, so 8 per layer, 12 with recomputation, 10 under a selective policy that keeps no all-gather
-output, ``SELECTIVE_POLICIES``) and the pipeline send/receive (NVLink between stages on one node, else the
+the MLP, each way, so 8 per layer, 12 with recomputation (11 compiled), 10 under a selective policy that keeps no
+all-gather output, ``SELECTIVE_POLICIES``) and the pipeline send/receive (NVLink between stages on one node, else the
 NIC). Bandwidths are ring bandwidths: (n-1)/n of the message crosses each GPU's link; a group spread over
 nodes with k members per node uses k NICs at once.
 
@@ -21,8 +22,9 @@ reports it, so recomputation lowers MFU. It is always against the dense bf16 pea
 
 FP8 (Transformer Engine, torchao float8): the linear layers' forward and backward GEMMs run
 ``fp8_speedup`` times faster than in bf16 (the datasheet says 2×; the achieved ratio is fitted in
-infra/validation.py). Attention (the score and value matmuls and softmax), the norms, the embedding, the
-output projection and the optimizer stay in bf16/fp32. The casts cost HBM traffic: each linear input
+infra/validation.py), except a GEMM too narrow to gain (``fp8_gainless_gemm``, torchao's bound). Attention (the
+score and value matmuls and softmax), the norms, the embedding, the output projection and the optimizer stay in
+bf16/fp32. The casts cost HBM traffic: each linear input
 (forward) and output gradient (backward) is read for its amax, read again and written as FP8 plus an
 FP8 transpose (6 bytes per element; under TP, full width for the tensors a rank gathers, ``_fp8_cast_bytes``),
 and each weight is cast once per micro-batch. The sequence-parallel all-gathers carry FP8 (1 byte) in
@@ -35,8 +37,9 @@ the ring: (cp−1) chunks forward, K, V and their gradients backward. The exchan
 attention compute of the same layer (``cp_overlap``); what does not fit is exposed. torch's allgather rotater
 (``cp_rotate``, torchtitan's default in December 2024) instead gathers every chunk at once behind the local
 block only, forward and again backward, and passes the fp32 K/V gradients around the ring; a model that
-repeats K/V to the query heads before attention (``cp_kv_repeated``) moves H heads, not the KV heads. Weights
-are replicated over the cp ranks, so gradients reduce over dp_shard × cp.
+repeats K/V to the query heads before attention (``cp_kv_repeated``) moves H heads, not the KV heads. torch's
+ring also folds each step into fp32 buffers on the compute stream (``cp_fp32_merge``). Weights are replicated
+over the cp ranks, so gradients reduce over dp_shard × cp.
 """
 
 from __future__ import annotations
