@@ -60,6 +60,9 @@ ModelSetOpt = Annotated[Optional[list[str]], typer.Option(
     help="Model shape overrides: dim=…,layers=…,heads=…,kv_heads=…,ffn=…,vocab=…,tied=… (repeatable).")]
 ModelConfigOpt = Annotated[Optional[Path], typer.Option(
     help="A Hugging Face config.json to take the model shape from (instead of --model).")]
+CompileOpt = Annotated[bool, typer.Option(
+    "--compile", help="Plan for the trainer with parallel.compile=true: each block compiled, so full "
+                      "recomputation does not rerun the block's last matmul (infra/README.md).")]
 ValidateOpt = Annotated[bool, typer.Option(
     "--validate", help="Print the planner's error against published runs (infra/validation.py) and exit.")]
 ALL_SCHEDULES = "1F1B,Interleaved1F1B,ZBVZeroBubble"
@@ -69,7 +72,8 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
             global_batch_tokens: float, vocab_size: int, price: Optional[float], efficiency: Optional[float],
             mtbf_gpu_hours: float, restart_minutes: float, planned_per_day: float, storage_gbps: float,
             gpu_set: Optional[list[str]], pp_schedules: str, precision: str = "bf16",
-            model_set: Optional[list[str]] = None, model_config: Optional[Path] = None) -> PlanInputs:
+            model_set: Optional[list[str]] = None, model_config: Optional[Path] = None,
+            compile: bool = False) -> PlanInputs:
     """Validate the options into PlanInputs; every user mistake becomes typer.BadParameter."""
     try:
         overrides = parse_overrides(gpu_set or [])
@@ -79,7 +83,7 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--gpu/--gpu-set/--price") from None
     try:
-        timing = TimingAssumptions(compute=efficiency)
+        timing = TimingAssumptions(compute=efficiency, compiled_recompute=compile)
         failures = FailureAssumptions(mtbf_gpu_hours=mtbf_gpu_hours, restart_minutes=restart_minutes,
                                       planned_per_day=planned_per_day, storage_gbps=storage_gbps)
         return PlanInputs(model=model, tokens=tokens, gpus=gpus, gpu=device, days=days, budget=budget,
@@ -100,7 +104,7 @@ def plan_command(
     planned_per_day: PlannedOpt = 0.0, storage_gbps: StorageOpt = 500.0, gpu_set: GpuSetOpt = None,
     pp_schedules: SchedulesOpt = ALL_SCHEDULES, json_out: JsonOpt = False, layout: LayoutOpt = None,
     precision: PrecisionOpt = "bf16", model_set: ModelSetOpt = None, model_config: ModelConfigOpt = None,
-    validate: ValidateOpt = False,
+    validate: ValidateOpt = False, compile: CompileOpt = False,
 ) -> None:
     """Pick the fastest 3D layout that fits (or score --layout), and say whether the run meets the deadline
     and the budget."""
@@ -110,7 +114,7 @@ def plan_command(
         return
     inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
                      efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set,
-                     pp_schedules, precision, model_set, model_config)
+                     pp_schedules, precision, model_set, model_config, compile)
     given = None
     if layout:
         try:
@@ -259,7 +263,7 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
     t.add_row("micro-batch × micro-batches per step", f"{L.micro_batch} × {m} (global {i.global_seqs} seqs)")
     t.add_row("activation checkpointing", L.activation_checkpoint)
     console.print(t)
-    overrides = L.trainer_overrides(i.global_seqs, i.seq_len)
+    overrides = L.trainer_overrides(i.global_seqs, i.seq_len, i.timing.compiled_recompute)
     console.print("trainer: " + " ".join(f"--set {k}={v}" for k, v in overrides.items()), soft_wrap=True)
     per_node = i.gpu.gpus_per_node
     console.print("launch: " + launch_command("slurm", i.gpus // per_node, per_node, per_node,

@@ -81,27 +81,30 @@ class Layout:
         """Micro-batches per data-parallel rank per step (gradient accumulation × pipeline fill)."""
         return global_seqs // (self.dp * self.micro_batch)
 
-    def trainer_overrides(self, global_seqs: int, seq_len: int) -> dict[str, object]:
+    def trainer_overrides(self, global_seqs: int, seq_len: int, compile: bool = False) -> dict[str, object]:
         """``section.key`` settings that make the trainer run this layout (``smelt train --set ...``).
         Under pp one schedule call takes the rank's whole batch (data.micro_batch = 0), cut into
         ``pp_microbatches``; without pp, data.micro_batch sets the gradient accumulation."""
-        pc = self.to_parallel_config(global_seqs)
+        pc = self.to_parallel_config(global_seqs, compile)
         out: dict[str, object] = {f"parallel.{k}": getattr(pc, k) for k in
                                   ("tp", "pp", "dp_shard", "dp_replicate", "pp_schedule", "pp_microbatches",
                                    "zero2", "activation_checkpoint")}
         if self.precision == "fp8":
             out["parallel.float8"] = pc.float8
+        if compile:
+            out["parallel.compile"] = True
         out.update({"data.global_batch": global_seqs, "data.seq_len": seq_len,
                     "data.micro_batch": 0 if self.pp > 1 else self.micro_batch})
         return out
 
-    def to_parallel_config(self, global_seqs: int) -> ParallelConfig:
-        """The trainer's config for this layout (ZeRO-1 under pp is implied by pipelining, see module doc)."""
+    def to_parallel_config(self, global_seqs: int, compile: bool = False) -> ParallelConfig:
+        """The trainer's config for this layout (ZeRO-1 under pp is implied by pipelining, see module doc);
+        ``compile`` compiles each block (``parallel.compile``)."""
         return ParallelConfig(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp_shard, tp=self.tp,
                               pp_schedule=self.pp_schedule,
                               pp_microbatches=self.microbatches(global_seqs) if self.pp > 1 else 0,
                               zero2=self.zero == 2, activation_checkpoint=self.activation_checkpoint,
-                              float8="tensorwise" if self.precision == "fp8" else "none")
+                              compile=compile, float8="tensorwise" if self.precision == "fp8" else "none")
 
 
 @dataclass(frozen=True)

@@ -302,6 +302,9 @@ def sensitivity(result: Plan, planner_error: float | None = None) -> list[Sensit
     if planner_error and result.best:
         for sign in (-1, 1):
             row("planner error", f"step {sign * planner_error:+.1%}", i, False, step_scale=1 + sign * planner_error)
+    compiled = not i.timing.compiled_recompute  # the same layout with the trainer's blocks compiled, or not
+    row("trainer compiled", f"parallel.compile={str(compiled).lower()}",
+        dataclasses.replace(i, timing=dataclasses.replace(i.timing, compiled_recompute=compiled)), False)
     if result.given:  # the rest re-plan, which would replace the layout that was asked about
         return rows
     node = i.gpu.gpus_per_node
@@ -345,8 +348,8 @@ def to_dict(result: Plan, rows: list[SensitivityRow] | None = None) -> dict:
     if best:
         r, L = best.reliability, best.layout
         out.update({
-            "parallel": dataclasses.asdict(L.to_parallel_config(i.global_seqs)),
-            "trainer_overrides": L.trainer_overrides(i.global_seqs, i.seq_len),
+            "parallel": dataclasses.asdict(L.to_parallel_config(i.global_seqs, i.timing.compiled_recompute)),
+            "trainer_overrides": L.trainer_overrides(i.global_seqs, i.seq_len, i.timing.compiled_recompute),
             "micro_batch": L.micro_batch,
             "zero_stage": L.zero,
             "tokens_per_s": round(best.step.tokens_per_s),

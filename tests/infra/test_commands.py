@@ -22,10 +22,25 @@ def test_plan_json_is_one_object_with_the_verdict_keys():
     out = json.loads(result.stdout)
     for key in ("feasible", "layout", "mfu", "days", "gpu_hours", "cost_usd", "checkpoint_interval_min", "goodput"):
         assert key in out
-    assert out["inputs"]["gpus"] == 4096 and out["inputs"]["gpu"] == "h100" and len(out["sensitivity"]) == 13
+    assert out["inputs"]["gpus"] == 4096 and out["inputs"]["gpu"] == "h100" and len(out["sensitivity"]) == 14
     errors = [row for row in out["sensitivity"] if row["factor"] == "planner error"]
     error = summary(table())["held_out_mean_abs_error"]  # the validation's held-out mean
     assert [row["setting"] for row in errors] == [f"step {-error:+.1%}", f"step {error:+.1%}"]
+
+
+def test_plan_compile_plans_the_compiled_trainer_and_says_so_in_its_settings():
+    """``--compile``: the trainer's blocks compiled, so full recomputation skips w2; the plan's settings turn it
+    on, and its sensitivity row shows the same layout uncompiled."""
+    plain, compiled = (json.loads(runner.invoke(app, ["plan", "--json", *flags]).stdout)
+                       for flags in ([], ["--compile"]))
+    assert plain["layout"] == compiled["layout"] and "ac-full" in plain["layout"]
+    assert compiled["step_s"] < plain["step_s"] and compiled["cost_usd"] < plain["cost_usd"]
+    assert compiled["trainer_overrides"]["parallel.compile"] is True and compiled["parallel"]["compile"] is True
+    assert "parallel.compile" not in plain["trainer_overrides"] and plain["parallel"]["compile"] is False
+    back = next(r for r in compiled["sensitivity"] if r["factor"] == "trainer compiled")
+    assert back["setting"] == "parallel.compile=false" and back["days"] == pytest.approx(plain["days"], abs=0.01)
+    text = runner.invoke(app, ["plan", "--compile"]).stdout
+    assert "--set parallel.compile=True" in text
 
 
 def test_plan_says_when_its_own_error_flips_the_verdict():

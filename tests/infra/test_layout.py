@@ -51,6 +51,9 @@ def test_trainer_settings_for_a_layout_without_pipeline():
     assert pc.zero2 and pc.pp_microbatches == 0 and pc.pp_schedule == "1F1B"
     assert plain.trainer_overrides(2048, 8192)["data.micro_batch"] == 2
     assert "parallel.float8" not in plain.trainer_overrides(2048, 8192) and pc.float8 == "none"
+    assert "parallel.compile" not in plain.trainer_overrides(2048, 8192) and not pc.compile
+    assert plain.trainer_overrides(2048, 8192, compile=True)["parallel.compile"] is True
+    assert plain.to_parallel_config(2048, compile=True).compile
 
 
 def test_an_fp8_layout_runs_the_trainer_with_tensorwise_float8():

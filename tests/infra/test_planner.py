@@ -98,6 +98,10 @@ def test_sensitivity_moves_the_way_it_should(question):
     half, double = by_factor["GPU count"]
     assert half.days > question.best.days > double.days and "fsdp" in half.layout
     assert "planner error" not in by_factor  # only when the validation's error is given
+    # the same full-recomputation layout with the trainer's blocks compiled: its recomputation skips w2
+    [compiled] = by_factor["trainer compiled"]
+    assert compiled.setting == "parallel.compile=true" and compiled.layout == question.best.layout.name
+    assert compiled.days < question.best.days and compiled.cost < question.best.cost
 
 
 def test_planner_error_rows_stretch_the_step_and_keep_the_layout(question):
