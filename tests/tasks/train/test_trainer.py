@@ -128,6 +128,16 @@ def test_activation_checkpointing_leaves_the_losses_unchanged(corpus, tmp_path, 
     assert checkpointed["losses"] == plain["losses"]
 
 
+@pytest.mark.slow
+def test_compiled_blocks_under_full_recomputation_train_as_eager_ones_do(corpus, tmp_path):
+    """What `smelt plan --compile` plans: each checkpointed block compiled, so its recomputation is the
+    partitioner's (tests/infra/test_selective_policy.py: it skips w2), with the eager run's losses."""
+    eager = train(corpus, tmp_path / "eager", "steps=2", "parallel.activation_checkpoint=full")
+    compiled = train(corpus, tmp_path / "compiled", "steps=2", "parallel.activation_checkpoint=full",
+                     "parallel.compile=true")
+    torch.testing.assert_close(torch.tensor(compiled["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
+
+
 # -- identity and dry run ---------------------------------------------------------------------------------
 
 
