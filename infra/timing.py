@@ -312,11 +312,12 @@ def _linears(shape: ModelShape) -> tuple[tuple[tuple[int, int], ...], tuple[tupl
     return ((h, q), (h, kv), (h, kv), *mlp_in), ((q, h), mlp_out)
 
 
-def _fp8_gemm_speedup(inputs: int, outputs: int, a: TimingAssumptions) -> float:
-    """The FP8 speed-up of one GEMM with this many inputs and outputs on the rank: none at or below
-    ``fp8_gainless_gemm``, where the GEMM is too narrow to run faster in FP8."""
-    small = a.fp8_gainless_gemm is not None and inputs <= a.fp8_gainless_gemm[0] and outputs <= a.fp8_gainless_gemm[1]
-    return 1.0 if small else a.fp8_speedup
+def _gemm_speedup(inputs: float, outputs: float, fp8: bool, a: TimingAssumptions) -> float:
+    """How much faster than bf16 one GEMM with this many inputs and outputs on the rank runs: 1 in bf16, and in
+    FP8 none at or below ``fp8_gainless_gemm``, where the GEMM is too narrow to run faster."""
+    bound = a.fp8_gainless_gemm
+    small = bound is not None and inputs <= bound[0] and outputs <= bound[1]
+    return a.fp8_speedup if fp8 and not small else 1.0
 
 
 def _fp8_linear_speedup(shape: ModelShape, tp: int, a: TimingAssumptions) -> float:
@@ -324,7 +325,15 @@ def _fp8_linear_speedup(shape: ModelShape, tp: int, a: TimingAssumptions) -> flo
     shape it has on the rank (a column-parallel shard keeps its inputs whole, a row-parallel one its outputs)."""
     column, row = _linears(shape)
     gemms = [(i, o // tp) for i, o in column] + [(i // tp, o) for i, o in row]
-    return sum(i * o for i, o in gemms) / sum(i * o / _fp8_gemm_speedup(i, o, a) for i, o in gemms)
+    return sum(i * o for i, o in gemms) / sum(i * o / _gemm_speedup(i, o, True, a) for i, o in gemms)
+
+
+def _forward_gemm_s(inputs: float, outputs: float, rate: float, hbm: float, fp8: bool,
+                    a: TimingAssumptions) -> float:
+    """Seconds per token of one GEMM's forward on the rank, run again by recomputation: its math at its rate,
+    its input read (FP8 or bf16) and its bf16 output written."""
+    return (2 * inputs * outputs / (rate * _gemm_speedup(inputs, outputs, fp8, a))
+            + (_operand_bytes(fp8) * inputs + 2 * outputs) / hbm)
 
 
 def _gemm_activation_bytes(shape: ModelShape, tp: int, fp8: bool) -> float:
@@ -411,18 +420,14 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     if layout.activation_checkpoint == "full":  # the whole forward again, collectives included
         recomputed = layers
         recompute = tokens * layers * ((layer_s - attention_s) / 3 + attention_fwd_s) + a.layer_overhead_s * layers
-        if a.compiled_recompute:  # but w2's forward GEMM: the block's output is not needed by its backward
+        if a.compiled_recompute:  # but w2's forward GEMM (row-parallel): the block's output is not needed
             i, o = _linears(shape)[1][-1]
-            i //= layout.tp
-            recompute -= tokens * layers * (2 * i * o / (rate * (_fp8_gemm_speedup(i, o, a) if fp8 else 1.0))
-                                            + (_operand_bytes(fp8) * i + 2 * o) / hbm)
+            recompute -= tokens * layers * _forward_gemm_s(i // layout.tp, o, rate, hbm, fp8, a)
     elif layout.activation_checkpoint == "selective":  # memory-bound ops, and the policy's matmuls
         matmuls, gathers = selective_reruns(a.selective_policy, shape, layout.tp)
-        # the rerun forwards (column-parallel, or at tp 1): math, full-width inputs read, sharded outputs written
+        # the rerun forwards (column-parallel, or at tp 1): full-width inputs, sharded outputs
         recompute = tokens * layers * (_selective_recompute_bytes(shape, layout.tp) / hbm
-                                       + sum(2 * i * o / layout.tp
-                                             / (rate * (_fp8_gemm_speedup(i, o // layout.tp, a) if fp8 else 1.0))
-                                             + (_operand_bytes(fp8) * i + 2 * o / layout.tp) / hbm
+                                       + sum(_forward_gemm_s(i, o / layout.tp, rate, hbm, fp8, a)
                                              for i, o in matmuls))
         regathered = gathers * layers
 
