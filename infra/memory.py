@@ -59,7 +59,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.catalogue import GPU
-from infra.layout import AC_MODES, Layout, ModelShape, Rejection
+from infra.layout import AC_MODES, Layout, ModelShape, Rejection, StageSplit
 
 GB = 1e9
 
@@ -201,35 +201,41 @@ def _stage_activations(shape: ModelShape, layout: Layout, layers: int, tokens: i
     return layers * kept * tokens + max(whole - kept, 0.0) * tokens
 
 
-def inflight_forwards(layout: Layout, microbatches: int) -> tuple[int, ...]:
-    """Forwards of each of rank 0's stages (in schedule order) whose backward has not run at its peak, as
-    torch's schedules run them (tests/infra/test_pipeline_inflight.py counts them). 1F1B: min(m, pp).
-    Interleaving: Megatron's (and torch's) warm-up runs 2(pp−1) + (v−1)·pp forwards before the first
-    backward, in groups of pp micro-batches per stage, then one more. ZB-V: 2pp − 1 of the first stage and
-    one of the last, the 1F1B peak of pp micro-batches of the rank's layers (Qi et al. 2024)."""
+def inflight_forwards(layout: Layout, microbatches: int, rank: int = 0) -> tuple[int, ...]:
+    """Forwards of each of ``rank``'s stages (in schedule order) whose backward has not run at its peak, as
+    torch's schedules run them (tests/infra/test_pipeline_inflight.py counts them on every rank). 1F1B:
+    min(m, pp − rank). Interleaving: Megatron's (and torch's) warm-up runs 2(pp − 1 − rank) + (v − 1)·pp
+    forwards before the first backward, in groups of pp micro-batches per stage, then one more: the last rank
+    holds pp micro-batches of each stage but its last. ZB-V (rank 0 only, the rank with the loss): 2pp − 1 of
+    the first stage and one of the last, the 1F1B peak of pp micro-batches of the rank's layers (Qi et al.
+    2024)."""
+    if not 0 <= rank < layout.pp:
+        raise ValueError(f"rank must be in [0, {layout.pp}), got {rank}")
     if layout.pp == 1:
         return (1,)
     if layout.pp_schedule == "ZBVZeroBubble":
+        if rank:
+            raise ValueError("ZB-V forwards in flight are counted on rank 0, which holds the loss")
         return (min(microbatches, 2 * layout.pp - 1), 1)
     if layout.virtual_stages == 1:
-        return (min(microbatches, layout.pp),)
+        return (min(microbatches, layout.pp - rank),)
     v, pp = layout.virtual_stages, layout.pp
-    forwards = min(2 * (pp - 1) + (v - 1) * pp + 1, microbatches * v)
+    forwards = min(2 * (pp - 1 - rank) + (v - 1) * pp + 1, microbatches * v)
     counts = [0] * v
     for k in range(forwards):
         counts[(k // pp) % v] += 1
     return tuple(counts)
 
 
-def inflight_microbatches(layout: Layout, microbatches: int, chunks: tuple[int, ...] = ()) -> float:
-    """Micro-batches of a rank's layers whose activations the busiest rank holds at its peak: rank 0's
-    ``inflight_forwards`` weighted by the layers of each stage (``chunks``, in schedule order); uniform
-    interleaved stages give pp·(1 + (pp−1)/(pp·v)) (Korthikanti et al. 2022 §4.2.3). Under ZB-V every rank
-    reaches min(m, pp) once m ≥ 2pp − 1, and with fewer micro-batches rank pp − 1 still does while rank 0
-    holds fewer, so min(m, pp) is counted."""
+def inflight_microbatches(layout: Layout, microbatches: int, chunks: tuple[int, ...] = (), rank: int = 0) -> float:
+    """Micro-batches of a rank's layers whose activations ``rank`` holds at its peak: its ``inflight_forwards``
+    weighted by the layers of each stage (``chunks``, in schedule order); on rank 0 uniform interleaved stages
+    give pp·(1 + (pp−1)/(pp·v)) (Korthikanti et al. 2022 §4.2.3). Under ZB-V every rank reaches min(m, pp) once
+    m ≥ 2pp − 1, and with fewer micro-batches rank pp − 1 still does while rank 0 holds fewer, so min(m, pp)
+    is counted."""
     if layout.pp_schedule == "ZBVZeroBubble" and layout.pp > 1:
         return min(microbatches, layout.pp)
-    forwards = inflight_forwards(layout, microbatches)
+    forwards = inflight_forwards(layout, microbatches, rank)
     chunks = chunks if len(chunks) == len(forwards) and sum(chunks) else (1,) * len(forwards)
     return sum(f * c for f, c in zip(forwards, chunks)) / sum(chunks)
 
@@ -251,8 +257,8 @@ def keeps_input_grads(layout: Layout, kept_input_grads: str) -> bool:
 
 
 def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, tokens: int,
-                          kept_outputs: str = "none", kept_input_grads: str = "none") -> float:
-    """What torch.distributed.pipelining holds on rank 0 besides the layers' saved activations, in units of
+                          kept_outputs: str = "none", kept_input_grads: str = "none", rank: int = 0) -> float:
+    """What torch.distributed.pipelining holds on ``rank`` besides the layers' saved activations, in units of
     the tensor passed between stages (a micro-batch's sequence-sharded bf16 hidden states): each stage
     allocates a receive buffer per micro-batch for the gradient from the next stage and, unless it is the
     first, for the activation from the previous one (``PipelineStage._prepare_forward_infra`` and
@@ -265,10 +271,10 @@ def pipeline_buffer_bytes(shape: ModelShape, layout: Layout, microbatches: int, 
     if layout.pp == 1:
         return 0.0
     stages = layout.pp * layout.virtual_stages
-    ids = ((0, stages - 1) if layout.pp_schedule == "ZBVZeroBubble"
-           else tuple(c * layout.pp for c in range(layout.virtual_stages)))
+    ids = ((rank, stages - 1 - rank) if layout.pp_schedule == "ZBVZeroBubble"
+           else tuple(rank + c * layout.pp for c in range(layout.virtual_stages)))
     count = 0
-    for stage, held in zip(ids, inflight_forwards(layout, microbatches)):
+    for stage, held in zip(ids, inflight_forwards(layout, microbatches, rank)):
         if stage != stages - 1:  # gradient receive buffers, and outputs kept until their backward (or the step's end)
             count += microbatches + (microbatches if kept_outputs == "all" else held)
         if stage != 0:  # activation receive buffers not holding an input in flight, and the inputs' gradients
@@ -291,6 +297,19 @@ def _boundary_bytes(shape: ModelShape, layout: Layout, tokens: int) -> float:
     return tokens * shape.cfg.dim * 2 / layout.tp
 
 
+def _rank_activations(shape: ModelShape, layout: Layout, split: StageSplit, rank: int, microbatches: int, tokens: int,
+                      a: MemoryAssumptions) -> float:
+    """What ``rank`` holds at its peak for its layers' backward: the saved activations of its micro-batches in
+    flight, the recompute working set once, and torch's pipeline buffers."""
+    chunks = split.chunks[rank]
+    every = _stage_activations(shape, layout, sum(chunks), tokens, a.saves)
+    working = _stage_activations(shape, layout, 0, tokens, a.saves)  # held once, not per micro-batch in flight
+    held = (every - working) * inflight_microbatches(layout, microbatches, chunks, rank) + working
+    if a.torch_pipelining and layout.pp > 1:
+        held += pipeline_buffer_bytes(shape, layout, microbatches, tokens, a.kept_outputs, a.kept_input_grads, rank)
+    return held
+
+
 def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: int,
                     a: MemoryAssumptions = MemoryAssumptions()) -> MemoryBreakdown:
     """Peak memory of the busiest rank: the first pipeline stage's or the one with the loss, whichever is more."""
@@ -310,23 +329,13 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
             buffers += a.fp8_weight_bytes * held * shape.layer_params / layout.tp
 
     tokens = layout.micro_batch * shape.seq_len // layout.cp
-    first = _stage_activations(shape, layout, split.first_layers, tokens, a.saves)
-    working = _stage_activations(shape, layout, 0, tokens, a.saves)  # held once, not per micro-batch in flight
-    first_stage = (first - working) * inflight_microbatches(layout, microbatches, split.first_chunks) + working
-    last_stage = _stage_activations(shape, layout, split.last_layers, tokens, a.saves)
+    first_stage = _rank_activations(shape, layout, split, 0, microbatches, tokens, a)
+    last_stage = _rank_activations(shape, layout, split, split.output_rank, microbatches, tokens, a)
     per_logit = a.logits_bytes
     if layout.tp > 1 and a.loss_parallel_logits_bytes is not None:
         per_logit = a.loss_parallel_logits_bytes
     loss = tokens * shape.cfg.vocab_size / layout.tp * per_logit
-    kept = 0.0
-    if a.torch_pipelining and layout.pp > 1:
-        first_stage += pipeline_buffer_bytes(shape, layout, microbatches, tokens, a.kept_outputs,
-                                             a.kept_input_grads)
-        # the last stage (1F1B: one micro-batch in flight) holds the other micro-batches' receive buffers, and
-        # perhaps every micro-batch's input gradient
-        input_grads = microbatches if keeps_input_grads(layout, a.kept_input_grads) else 0
-        last_stage += (microbatches - 1 + input_grads) * _boundary_bytes(shape, layout, tokens)
-        kept = kept_logits_bytes(shape, layout, microbatches, tokens, a.kept_outputs)
+    kept = kept_logits_bytes(shape, layout, microbatches, tokens, a.kept_outputs) if a.torch_pipelining else 0.0
     # The ring's buffers live during a layer's backward, after the loss and the head have freed theirs on the
     # rank with the loss; the kept outputs stay.
     ring = cp_ring_bytes(shape, layout, tokens, a.saves)

@@ -6,7 +6,7 @@ import pytest
 
 from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape
-from infra.memory import GB, MemoryAssumptions, inflight_microbatches, layer_activation_bytes, memory_per_rank, \
+from infra.memory import GB, MemoryAssumptions, inflight_forwards, inflight_microbatches, layer_activation_bytes, memory_per_rank, \
     model_state_bytes
 from tasks.model_config import PRESETS, ModelConfig
 
@@ -87,6 +87,24 @@ def test_pipeline_first_stage_holds_pp_microbatches_and_interleaving_adds_more()
     assert inflight_microbatches(one_f_one_b, 8) == 4
     assert inflight_microbatches(one_f_one_b, 2) == 2
     assert inflight_microbatches(interleaved, 8) == 4 * (1 + 3 / 8)
+
+
+def test_the_interleaved_last_rank_holds_pp_micro_batches_of_its_first_stage():
+    # torch's (and Megatron's) warm-up runs (v − 1)·pp forwards on the last rank before its first backward:
+    # pp micro-batches of its first stage, then one of the stage with the loss
+    interleaved = Layout(tp=1, pp=4, dp_replicate=1, dp_shard=2, zero=1, micro_batch=1, virtual_stages=2,
+                         pp_schedule="Interleaved1F1B")
+    one_f_one_b = dataclasses.replace(interleaved, virtual_stages=1, pp_schedule="1F1B")
+    assert inflight_forwards(interleaved, 8, rank=3) == (4, 1)
+    assert inflight_forwards(one_f_one_b, 8, rank=3) == (1,) and inflight_forwards(one_f_one_b, 8, rank=1) == (3,)
+    shape, h100 = ModelShape(PRESETS["8b"], 8192), gpu("h100")
+    a = MemoryAssumptions(torch_pipelining=False)
+    kept = layer_activation_bytes(shape, 1, "none") * 8192  # one layer's saves, one micro-batch
+    loss_rank = {x: memory_per_rank(shape, x, h100, 8, a) for x in (one_f_one_b, interleaved)}
+    # 8 layers per rank either way; the interleaved last rank adds 3 more micro-batches of its first 4 layers
+    assert loss_rank[interleaved].activations - loss_rank[one_f_one_b].activations == pytest.approx(3 * 4 * kept)
+    with pytest.raises(ValueError, match="rank"):
+        inflight_forwards(interleaved, 8, rank=4)
 
 
 def test_a_layout_that_does_not_fit_says_by_how_much():

@@ -114,21 +114,31 @@ def test_rank_zero_holds_the_forwards_the_planner_counts(measured, schedule):
     assert tuple(peaks.values()) == inflight_forwards(_layout(schedule, pp), microbatches)
 
 
+@pytest.mark.parametrize("schedule", ("1F1B", "Interleaved1F1B"))
+def test_every_rank_holds_the_forwards_the_planner_counts(measured_ranks, schedule):
+    # the last rank, with the loss, holds pp micro-batches of each stage but its last under interleaving
+    pp, microbatches, ranks = measured_ranks
+    layout = _layout(schedule, pp)
+    for rank, measured in enumerate(ranks):
+        assert tuple(measured[schedule]["peak"].values()) == inflight_forwards(layout, microbatches, rank), rank
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_rank_zero_receive_buffers_and_kept_outputs_are_what_the_planner_counts(measured, schedule):
-    pp, microbatches, rank0 = measured
+def test_receive_buffers_and_kept_outputs_are_what_the_planner_counts(measured_ranks, schedule):
+    pp, microbatches, ranks = measured_ranks
     layout = _layout(schedule, pp)
     shape = ModelShape(preset("tiny", vocab_size=VOCAB, n_layers=LAYERS), SEQ)
-    counted = pipeline_buffer_bytes(shape, layout, microbatches, SEQ) / (SEQ * shape.cfg.dim * 2)
-    rank0 = rank0[schedule]
-    held = inflight_forwards(layout, microbatches)
-    # the planner adds the outputs kept for non-last stages and leaves out activation buffers in flight
-    # (their tensor is the stage's first layer's saved input, counted with the layers)
-    stages = list(rank0["peak"])
-    last = str(pp * layout.virtual_stages - 1)
-    kept = sum(h for s, h in zip(stages, held) if s != last)
-    in_flight_inputs = sum(h for s, h in zip(stages, held) if s != "0")
-    assert counted == rank0["buffers"] + kept - in_flight_inputs
+    for rank in range(1 if schedule == "ZBVZeroBubble" else pp):  # ZB-V's loss is on rank 0
+        counted = pipeline_buffer_bytes(shape, layout, microbatches, SEQ, rank=rank) / (SEQ * shape.cfg.dim * 2)
+        measured = ranks[rank][schedule]
+        held = inflight_forwards(layout, microbatches, rank)
+        # the planner adds the outputs kept for non-last stages and leaves out activation buffers in flight
+        # (their tensor is the stage's first layer's saved input, counted with the layers)
+        stages = list(measured["peak"])
+        last = str(pp * layout.virtual_stages - 1)
+        kept = sum(h for s, h in zip(stages, held) if s != last)
+        in_flight_inputs = sum(h for s, h in zip(stages, held) if s != "0")
+        assert counted == measured["buffers"] + kept - in_flight_inputs, rank
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

