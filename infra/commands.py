@@ -6,6 +6,7 @@ a GPU count that is not whole nodes) raise ``typer.BadParameter``: one line and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Optional
@@ -18,13 +19,14 @@ from infra.catalogue import gpu as lookup_gpu
 from infra.catalogue import parse_overrides
 from infra.launch.job import launch_command
 from infra.layout import parse_layout, trainer_gaps
-from infra.memory import GB
+from infra.memory import GB, MemoryAssumptions
 from infra.models import parse_model_set
 from infra.planner import Plan, PlanInputs, SensitivityRow, plan, sensitivity, to_dict
 from infra.reliability import LLAMA3_MTBF_GPU_HOURS, FailureAssumptions
 from infra.simulate import DISTRIBUTIONS, RunModel, percentiles, simulate
 from infra.simulate import plot as plot_simulation
 from infra.timing import PART_LABELS, TimingAssumptions
+from infra.validation import STACKS, stack_assumptions
 from infra.validation import as_dict as validation_dict
 from infra.validation import render as render_validation
 from infra.validation import summary as validation_summary
@@ -63,6 +65,13 @@ ModelConfigOpt = Annotated[Optional[Path], typer.Option(
 CompileOpt = Annotated[bool, typer.Option(
     "--compile", help="Plan for the trainer with parallel.compile=true: each block compiled, so full "
                       "recomputation does not rerun the block's last matmul (infra/README.md).")]
+StackOpt = Annotated[str, typer.Option(
+    help="Whose software runs the layouts: smelt (its trainer), or a stack of the validation table "
+         "(" + ", ".join(STACKS) + "): that system's timing and memory model with the fitted constants, as it "
+              "scores published runs (infra/validation.py).")]
+HeadroomOpt = Annotated[float, typer.Option(
+    help="Fraction of GPU memory kept free for the allocator's fragmentation (0 judges a layout against the "
+         "whole device, as the validation table judges published runs).")]
 ValidateOpt = Annotated[bool, typer.Option(
     "--validate", help="Print the planner's error against published runs (infra/validation.py) and exit.")]
 ALL_SCHEDULES = "1F1B,Interleaved1F1B,ZBVZeroBubble"
@@ -73,7 +82,8 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
             mtbf_gpu_hours: float, restart_minutes: float, planned_per_day: float, storage_gbps: float,
             gpu_set: Optional[list[str]], pp_schedules: str, precision: str = "bf16",
             model_set: Optional[list[str]] = None, model_config: Optional[Path] = None,
-            compile: bool = False) -> PlanInputs:
+            compile: bool = False, stack: str = "smelt",
+            memory_headroom: float = MemoryAssumptions().headroom) -> PlanInputs:
     """Validate the options into PlanInputs; every user mistake becomes typer.BadParameter."""
     try:
         overrides = parse_overrides(gpu_set or [])
@@ -82,16 +92,36 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
         device = lookup_gpu(gpu, **overrides)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--gpu/--gpu-set/--price") from None
+    if stack != "smelt" and stack not in STACKS:
+        raise typer.BadParameter(f"unknown stack {stack!r}; choose smelt or one of {', '.join(STACKS)}",
+                                 param_hint="--stack")
+    if not 0 <= memory_headroom < 1:
+        raise typer.BadParameter(f"must be in [0, 1), got {memory_headroom}", param_hint="--memory-headroom")
+    if stack != "smelt" and compile:
+        raise typer.BadParameter("--compile plans smelt's trainer; a validation stack says itself whether it "
+                                 "compiles", param_hint="--compile/--stack")
     try:
-        timing = TimingAssumptions(compute=efficiency, compiled_recompute=compile)
+        if stack == "smelt":
+            timing = TimingAssumptions(compute=efficiency, compiled_recompute=compile)
+            memory = MemoryAssumptions(headroom=memory_headroom)
+        else:
+            timing, memory = stack_assumptions(STACKS[stack], device, headroom=memory_headroom)
+            if efficiency is not None:
+                timing = dataclasses.replace(timing, compute=efficiency)
+        schedules = tuple(n.strip() for n in pp_schedules.split(",") if n.strip())
+        if not memory.torch_pipelining and "ZBVZeroBubble" in schedules:  # torch.distributed.pipelining's
+            schedules = tuple(n for n in schedules if n != "ZBVZeroBubble")
+            if not schedules:
+                raise typer.BadParameter(f"stack {stack} has no ZBVZeroBubble schedule; choose 1F1B or "
+                                         "Interleaved1F1B", param_hint="--pp-schedules")
         failures = FailureAssumptions(mtbf_gpu_hours=mtbf_gpu_hours, restart_minutes=restart_minutes,
                                       planned_per_day=planned_per_day, storage_gbps=storage_gbps)
         return PlanInputs(model=model, tokens=tokens, gpus=gpus, gpu=device, days=days, budget=budget,
                           seq_len=seq_len, global_batch_tokens=global_batch_tokens, vocab_size=vocab_size,
                           model_sets=tuple(parse_model_set(model_set or []).items()), hf_config=model_config,
                           precision=precision.lower(),
-                          pp_schedules=tuple(n.strip() for n in pp_schedules.split(",") if n.strip()),
-                          timing=timing, failures=failures)
+                          pp_schedules=schedules,
+                          timing=timing, memory=memory, failures=failures, stack=stack)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
 
@@ -104,7 +134,8 @@ def plan_command(
     planned_per_day: PlannedOpt = 0.0, storage_gbps: StorageOpt = 500.0, gpu_set: GpuSetOpt = None,
     pp_schedules: SchedulesOpt = ALL_SCHEDULES, json_out: JsonOpt = False, layout: LayoutOpt = None,
     precision: PrecisionOpt = "bf16", model_set: ModelSetOpt = None, model_config: ModelConfigOpt = None,
-    validate: ValidateOpt = False, compile: CompileOpt = False,
+    validate: ValidateOpt = False, compile: CompileOpt = False, stack: StackOpt = "smelt",
+    memory_headroom: HeadroomOpt = MemoryAssumptions().headroom,
 ) -> None:
     """Pick the fastest 3D layout that fits (or score --layout), and say whether the run meets the deadline
     and the budget."""
@@ -114,7 +145,7 @@ def plan_command(
         return
     inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
                      efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set,
-                     pp_schedules, precision, model_set, model_config, compile)
+                     pp_schedules, precision, model_set, model_config, compile, stack, memory_headroom)
     given = None
     if layout:
         try:
@@ -122,7 +153,10 @@ def plan_command(
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--layout") from None
     result = plan(inputs, given)
-    rows = sensitivity(result, planner_error=validation_summary(validation_table())["held_out_mean_abs_error"])
+    errors = validation_summary(validation_table())  # a stack's own system's held-out mean, or all systems'
+    error = (errors["per_system_mean_abs_error"][STACKS[stack].system_name] if inputs.stack != "smelt"
+             else errors["held_out_mean_abs_error"])
+    rows = sensitivity(result, planner_error=error)
     if json_out:
         print(json.dumps(to_dict(result, rows)))
         return
@@ -246,9 +280,11 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
     t.add_row("step time", f"{best.step.total:.2f} s", "")
     t.add_row("peak memory per GPU", f"{best.memory.total / GB:.1f} GB", f"{best.memory.usable / GB:.1f} GB usable")
     console.print(t)
-    gaps = trainer_gaps(best.layout)
+    gaps = trainer_gaps(best.layout) if i.smelt_trainer else []
     if gaps:
         console.print("smelt's trainer cannot run this layout yet: " + ", ".join(gaps))
+    if not i.smelt_trainer:
+        console.print(f"scored as {STACKS[i.stack].label} runs it (--stack {i.stack}; infra/validation.py)")
 
     t = _table(f"Layout: {L.name}", "", "value")
     m = L.microbatches(i.global_seqs)
@@ -263,11 +299,12 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
     t.add_row("micro-batch × micro-batches per step", f"{L.micro_batch} × {m} (global {i.global_seqs} seqs)")
     t.add_row("activation checkpointing", L.activation_checkpoint)
     console.print(t)
-    overrides = L.trainer_overrides(i.global_seqs, i.seq_len, i.timing.compiled_recompute)
-    console.print("trainer: " + " ".join(f"--set {k}={v}" for k, v in overrides.items()), soft_wrap=True)
-    per_node = i.gpu.gpus_per_node
-    console.print("launch: " + launch_command("slurm", i.gpus // per_node, per_node, per_node,
-                                                {"model_preset": i.model, **overrides}), soft_wrap=True)
+    if i.smelt_trainer:
+        overrides = L.trainer_overrides(i.global_seqs, i.seq_len, i.timing.compiled_recompute)
+        console.print("trainer: " + " ".join(f"--set {k}={v}" for k, v in overrides.items()), soft_wrap=True)
+        per_node = i.gpu.gpus_per_node
+        console.print("launch: " + launch_command("slurm", i.gpus // per_node, per_node, per_node,
+                                                    {"model_preset": i.model, **overrides}), soft_wrap=True)
 
     if not result.given:
         t = _table("Runners-up (best of each tp·pp·AC family)", "layout", "days", "MFU", "why it loses")

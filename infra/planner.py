@@ -49,6 +49,13 @@ class PlanInputs:
     timing: TimingAssumptions = field(default_factory=TimingAssumptions)
     memory: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     failures: FailureAssumptions = field(default_factory=FailureAssumptions)
+    # whose software runs the layouts: smelt's trainer, or a validation stack (infra.validation.STACKS), whose
+    # timing and memory models ``timing`` and ``memory`` then carry and whose layouts need not be the trainer's
+    stack: str = "smelt"
+
+    @property
+    def smelt_trainer(self) -> bool:
+        return self.stack == "smelt"
 
     def __post_init__(self) -> None:
         if self.gpus <= 0 or self.gpus % self.gpu.gpus_per_node:
@@ -223,7 +230,7 @@ def plan(inputs: PlanInputs, layout: Layout | None = None) -> Plan:
                candidate_layouts(inputs.shape, inputs.gpus, gpu.gpus_per_node, inputs.pp_schedules, inputs.precision))
     for candidate_layout in layouts:
         evaluated += 1
-        result = evaluate(inputs, candidate_layout, trainer_only=not given)
+        result = evaluate(inputs, candidate_layout, trainer_only=inputs.smelt_trainer and not given)
         if isinstance(result, Candidate):
             fitting.append(result)
             continue
@@ -278,7 +285,8 @@ def sensitivity(result: Plan, planner_error: float | None = None) -> list[Sensit
             other = plan(inputs)
             best, ok = other.best, other.feasible
         else:
-            best = evaluate(inputs, result.best.layout, trainer_only=not result.given, step_scale=step_scale)
+            best = evaluate(inputs, result.best.layout, trainer_only=i.smelt_trainer and not result.given,
+                            step_scale=step_scale)
             best = best if isinstance(best, Candidate) else None
             ok = bool(best) and best.days <= inputs.days and best.cost <= inputs.budget
         rows.append(SensitivityRow(factor, setting, best.layout.name if best else None,
@@ -302,9 +310,10 @@ def sensitivity(result: Plan, planner_error: float | None = None) -> list[Sensit
     if planner_error and result.best:
         for sign in (-1, 1):
             row("planner error", f"step {sign * planner_error:+.1%}", i, False, step_scale=1 + sign * planner_error)
-    compiled = not i.timing.compiled_recompute  # the same layout with the trainer's blocks compiled, or not
-    row("trainer compiled", f"parallel.compile={str(compiled).lower()}",
-        dataclasses.replace(i, timing=dataclasses.replace(i.timing, compiled_recompute=compiled)), False)
+    if i.smelt_trainer:  # the same layout with the trainer's blocks compiled, or not
+        compiled = not i.timing.compiled_recompute
+        row("trainer compiled", f"parallel.compile={str(compiled).lower()}",
+            dataclasses.replace(i, timing=dataclasses.replace(i.timing, compiled_recompute=compiled)), False)
     if result.given:  # the rest re-plan, which would replace the layout that was asked about
         return rows
     node = i.gpu.gpus_per_node
@@ -337,7 +346,8 @@ def to_dict(result: Plan, rows: list[SensitivityRow] | None = None) -> dict:
         "peak_memory_gb": round(best.memory.total / GB, 2) if best else None,
         "precision": best.layout.precision if best else i.precision,
         "layout_given": result.given,
-        "trainer_cannot_run": trainer_gaps(best.layout) if best else [],
+        "stack": i.stack,
+        "trainer_cannot_run": trainer_gaps(best.layout) if best and i.smelt_trainer else [],
         "inputs": {"model": i.model, "tokens": i.tokens, "gpus": i.gpus, "gpu": i.gpu.name, "days": i.days,
                    "budget": i.budget, "seq_len": i.seq_len, "global_batch_seqs": i.global_seqs,
                    "model_shape": dataclasses.asdict(i.model_config()),
@@ -348,8 +358,11 @@ def to_dict(result: Plan, rows: list[SensitivityRow] | None = None) -> dict:
     if best:
         r, L = best.reliability, best.layout
         out.update({
-            "parallel": dataclasses.asdict(L.to_parallel_config(i.global_seqs, i.timing.compiled_recompute)),
-            "trainer_overrides": L.trainer_overrides(i.global_seqs, i.seq_len, i.timing.compiled_recompute),
+            # smelt's trainer settings, for plans of smelt's trainer only
+            "parallel": (dataclasses.asdict(L.to_parallel_config(i.global_seqs, i.timing.compiled_recompute))
+                         if i.smelt_trainer else None),
+            "trainer_overrides": (L.trainer_overrides(i.global_seqs, i.seq_len, i.timing.compiled_recompute)
+                                  if i.smelt_trainer else None),
             "micro_batch": L.micro_batch,
             "zero_stage": L.zero,
             "tokens_per_s": round(best.step.tokens_per_s),

@@ -40,6 +40,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from infra.catalogue import GPU
 from infra.catalogue import gpu as lookup_gpu
 from infra.layout import Layout, ModelShape, check_shape, parse_layout
 from infra.memory import GB, MemoryAssumptions, memory_per_rank
@@ -399,31 +400,41 @@ def _layouts(run: Run, shape: ModelShape) -> list[Layout]:
     return out
 
 
-def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
-    """Predicted tokens/s per GPU and peak memory for ``run`` with the given constants."""
-    stack = STACKS[run.stack]
-    shape = ModelShape(run.cfg, run.seq_len, gelu_mlp=run.gelu_mlp)
-    device = lookup_gpu(run.gpu)
+def stack_assumptions(stack: Stack, device: GPU, constants: dict[str, float] = FITTED,
+                      tp_overlap: bool | None = None, fp8_all_gather: bool = False,
+                      headroom: float = MemoryAssumptions().headroom) -> tuple[TimingAssumptions, MemoryAssumptions]:
+    """The timing and memory model of ``stack`` on ``device`` with the fitted ``constants``: how published runs
+    are scored, and what ``smelt plan --stack`` plans with. ``tp_overlap`` None takes the stack's default."""
     relative = constants["a100"] if device.name.startswith("a100") else constants.get(device.name, 1.0)
-    overlap = stack.tp_overlap if run.tp_overlap is None else run.tp_overlap
+    overlap = stack.tp_overlap if tp_overlap is None else tp_overlap
     timing = TimingAssumptions(compute=min(1.0, constants[stack.constant] * relative),
                                tp_overlap=TimingAssumptions().dp_overlap if overlap else 0.0,
                                fp8_speedup=constants.get(stack.fp8_constant, 1.0),
                                attention=constants["attention"] * constants.get(stack.attention_scale, 1.0),
                                attention_kernel=stack.attention_kernel,
                                layer_overhead_s=constants[stack.overhead] / 1e3 if stack.overhead else 0.0,
-                               gather_bytes=1.0 if run.fp8_all_gather else 2.0, loss_bytes=stack.loss_bytes,
+                               gather_bytes=1.0 if fp8_all_gather else 2.0, loss_bytes=stack.loss_bytes,
                                tp_overlap_kind=stack.tp_overlap_kind, fp8_tp_gathers=True,
                                selective_policy=stack.selective_policy, cp_rotate=stack.cp_rotate,
                                cp_kv_repeated=stack.cp_kv_repeated, cp_fp32_merge=stack.cp_fp32_merge,
                                fp8_gainless_gemm=stack.fp8_gainless_gemm, compiled_recompute=stack.compiled,
                                async_tp_hidden=constants["async_tp"])
-    # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
     memory = MemoryAssumptions(saves=stack.saves, logits_bytes=stack.logits_bytes,
                                loss_parallel_logits_bytes=stack.loss_parallel_logits_bytes, grad_bytes=stack.grad_bytes,
                                fp8_params=stack.fp8_params, torch_pipelining=stack.torch_pipelining,
                                kept_outputs=stack.kept_outputs, kept_input_grads=stack.kept_input_grads,
-                               headroom=0.0)
+                               headroom=headroom)
+    return timing, memory
+
+
+def score(run: Run, constants: dict[str, float] = FITTED) -> Scored:
+    """Predicted tokens/s per GPU and peak memory for ``run`` with the given constants."""
+    stack = STACKS[run.stack]
+    shape = ModelShape(run.cfg, run.seq_len, gelu_mlp=run.gelu_mlp)
+    device = lookup_gpu(run.gpu)
+    # A published run shows that its layout fits the device; the planner's 10% margin is for new runs.
+    timing, memory = stack_assumptions(stack, device, constants, tp_overlap=run.tp_overlap,
+                                       fp8_all_gather=run.fp8_all_gather, headroom=0.0)
     best: Scored | None = None
     for layout in _layouts(run, shape):
         if check_shape(layout, shape, device.gpus_per_node, run.global_batch, trainer_only=False):

@@ -135,6 +135,10 @@ def test_custom_shapes_from_model_set_and_from_a_hugging_face_config(tmp_path):
     (["--precision", "fp4"], "--precision 'fp4'"),
     (["--model-set", "depth=3"], "key one of dim"),
     (["--model-set", "dim=4095,heads=32"], "divisible"),
+    (["--stack", "deepspeed"], "unknown stack 'deepspeed'; choose smelt or one of meta, megatron"),
+    (["--stack", "torchtitan", "--compile"], "--compile plans smelt's trainer"),
+    (["--memory-headroom", "1"], "must be in [0, 1), got 1.0"),
+    (["--stack", "megatron", "--pp-schedules", "ZBVZeroBubble"], "stack megatron has no ZBVZeroBubble schedule"),
 ])
 def test_bad_layouts_and_shapes_exit_2_with_one_clear_line(args, message):
     result = runner.invoke(app, ["plan", *args])
@@ -149,3 +153,36 @@ def test_validate_prints_the_table_and_its_summary():
     assert out["summary"]["held_out"] >= 15 and len(out["rows"]) == out["summary"]["rows"]
     text = runner.invoke(app, ["plan", "--validate"]).stdout
     assert "held-out rows" in text and "llama3-405b-8k" in text
+
+
+@pytest.mark.parametrize("key, args", [
+    ("titan-70b-256", ["--stack", "torchtitan", "--gpu", "h100-96gb-500w", "--model", "70b", "--gpus", "256",
+                       "--global-batch-tokens", str(512 * 8192), "--precision", "fp8", "--layout", "tp=8,mb=16,ac=full"]),
+    ("llama3-405b-8k", ["--stack", "meta", "--model", "405b", "--gpus", "8192", "--layout",
+                        "tp=8,pp=16,dp=64,mb=1,vp=8,zero=2,split=balanced,ac=none,schedule=interleaved"]),
+])
+def test_a_stack_scores_a_layout_as_the_validation_table_scores_that_systems_published_run(key, args):
+    """``--stack``: the system's timing and memory model with the fitted constants, the same numbers the
+    validation row shows; no smelt trainer settings, since smelt's trainer is not what runs it."""
+    row = next(r for r in table() if r.run.key == key)
+    out = json.loads(runner.invoke(app, ["plan", *args, "--memory-headroom", "0", "--json"]).stdout)
+    assert out["stack"] == args[1] and out["layout"] == row.layout.name
+    assert out["tokens_per_s_per_gpu"] == pytest.approx(row.tokens_per_gpu, rel=1e-3)
+    assert out["peak_memory_gb"] == pytest.approx(row.memory_gb, abs=0.01)
+    assert out["trainer_overrides"] is None and out["trainer_cannot_run"] == []
+    assert "trainer compiled" not in [r["factor"] for r in out["sensitivity"]]
+    system = "torchtitan" if args[1] == "torchtitan" else "meta"  # its planner error is its system's mean
+    error = summary(table())["per_system_mean_abs_error"][system]
+    assert [r["setting"] for r in out["sensitivity"] if r["factor"] == "planner error"] == \
+        [f"step {-error:+.1%}", f"step {error:+.1%}"]
+    text = runner.invoke(app, ["plan", *args, "--memory-headroom", "0"]).stdout
+    assert "scored as" in text and "trainer:" not in text and "launch:" not in text
+
+
+def test_a_stack_searches_the_layouts_its_system_runs_best():
+    # Megatron-Core saves sharded activations and overlaps TP with Transformer Engine: on the seed question it
+    # trains without recomputation, faster than smelt's eager trainer, which needs full recomputation
+    megatron = json.loads(runner.invoke(app, ["plan", "--stack", "megatron", "--json"]).stdout)
+    smelt = json.loads(runner.invoke(app, ["plan", "--json"]).stdout)
+    assert "ac-none" in megatron["layout"] and "ac-full" in smelt["layout"]
+    assert megatron["days"] < smelt["days"] and megatron["peak_memory_gb"] <= 72
