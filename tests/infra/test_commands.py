@@ -179,7 +179,7 @@ def test_a_stack_scores_a_layout_as_the_validation_table_scores_that_systems_pub
     assert "scored as" in text and "trainer:" not in text and "launch:" not in text
 
 
-def test_a_stack_searches_the_layouts_its_system_runs_best():
+def test_a_stack_searches_smelts_layout_space_with_its_own_model():
     # Megatron-Core saves sharded activations and overlaps TP with Transformer Engine: on the seed question it
     # trains without recomputation, faster than smelt's eager trainer, which needs full recomputation
     megatron = json.loads(runner.invoke(app, ["plan", "--stack", "megatron", "--json"]).stdout)
