@@ -227,7 +227,8 @@ def inflight_forwards(layout: Layout, microbatches: int, rank: int = 0) -> tuple
     return tuple(counts)
 
 
-def inflight_microbatches(layout: Layout, microbatches: int, chunks: tuple[int, ...] = (), rank: int = 0) -> float:
+def inflight_microbatches(layout: Layout, microbatches: int, chunks: tuple[int, ...] = (),
+                          rank: int = 0) -> float:
     """Micro-batches of a rank's layers whose activations ``rank`` holds at its peak: its ``inflight_forwards``
     weighted by the layers of each stage (``chunks``, in schedule order); on rank 0 uniform interleaved stages
     give pp·(1 + (pp−1)/(pp·v)) (Korthikanti et al. 2022 §4.2.3). Under ZB-V every rank reaches min(m, pp) once
@@ -297,8 +298,8 @@ def _boundary_bytes(shape: ModelShape, layout: Layout, tokens: int) -> float:
     return tokens * shape.cfg.dim * 2 / layout.tp
 
 
-def _rank_activations(shape: ModelShape, layout: Layout, split: StageSplit, rank: int, microbatches: int, tokens: int,
-                      a: MemoryAssumptions) -> float:
+def _rank_activations(shape: ModelShape, layout: Layout, split: StageSplit, rank: int, microbatches: int,
+                      tokens: int, a: MemoryAssumptions) -> float:
     """What ``rank`` holds at its peak for its layers' backward: the saved activations of its micro-batches in
     flight, the recompute working set once, and torch's pipeline buffers."""
     chunks = split.chunks[rank]

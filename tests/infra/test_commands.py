@@ -157,7 +157,8 @@ def test_validate_prints_the_table_and_its_summary():
 
 @pytest.mark.parametrize("key, args", [
     ("titan-70b-256", ["--stack", "torchtitan", "--gpu", "h100-96gb-500w", "--model", "70b", "--gpus", "256",
-                       "--global-batch-tokens", str(512 * 8192), "--precision", "fp8", "--layout", "tp=8,mb=16,ac=full"]),
+                       "--global-batch-tokens", str(512 * 8192), "--precision", "fp8",
+                       "--layout", "tp=8,mb=16,ac=full"]),
     ("llama3-405b-8k", ["--stack", "meta", "--model", "405b", "--gpus", "8192", "--layout",
                         "tp=8,pp=16,dp=64,mb=1,vp=8,zero=2,split=balanced,ac=none,schedule=interleaved"]),
 ])

@@ -6,8 +6,8 @@ import pytest
 
 from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape
-from infra.memory import GB, MemoryAssumptions, inflight_forwards, inflight_microbatches, layer_activation_bytes, memory_per_rank, \
-    model_state_bytes
+from infra.memory import (GB, MemoryAssumptions, inflight_forwards, inflight_microbatches, layer_activation_bytes,
+                          memory_per_rank, model_state_bytes)
 from tasks.model_config import PRESETS, ModelConfig
 
 PAPER = MemoryAssumptions(grad_bytes=2)  # ZeRO paper: fp16 gradients, K = 12
