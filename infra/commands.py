@@ -26,7 +26,7 @@ from infra.reliability import LLAMA3_MTBF_GPU_HOURS, FailureAssumptions
 from infra.simulate import DISTRIBUTIONS, RunModel, percentiles, simulate
 from infra.simulate import plot as plot_simulation
 from infra.timing import PART_LABELS, TimingAssumptions
-from infra.validation import STACKS, stack_assumptions
+from infra.validation import FITTED, STACKS, stack_assumptions
 from infra.validation import as_dict as validation_dict
 from infra.validation import render as render_validation
 from infra.validation import summary as validation_summary
@@ -152,6 +152,11 @@ def plan_command(
             given = parse_layout(layout, gpus, inputs.precision)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--layout") from None
+    precision = given.precision if given else inputs.precision
+    if stack != "smelt" and precision == "fp8" and STACKS[stack].fp8_constant not in FITTED:
+        fp8_stacks = ", ".join(n for n, st in STACKS.items() if st.fp8_constant in FITTED)
+        raise typer.BadParameter(f"stack {stack} has no FP8 speed-up fitted (its published runs are bf16); FP8 "
+                                 f"stacks: {fp8_stacks}", param_hint="--precision/--stack")
     result = plan(inputs, given)
     errors = validation_summary(validation_table())  # a stack's own system's held-out mean, or all systems'
     error = (errors["per_system_mean_abs_error"][STACKS[stack].system_name] if inputs.stack != "smelt"

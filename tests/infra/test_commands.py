@@ -138,6 +138,8 @@ def test_custom_shapes_from_model_set_and_from_a_hugging_face_config(tmp_path):
     (["--stack", "deepspeed"], "unknown stack 'deepspeed'; choose smelt or one of meta, megatron"),
     (["--stack", "torchtitan", "--compile"], "--compile plans smelt's trainer"),
     (["--memory-headroom", "1"], "must be in [0, 1), got 1.0"),
+    (["--stack", "megatron", "--precision", "fp8"], "stack megatron has no FP8 speed-up fitted"),
+    (["--stack", "meta", "--layout", "tp=8,precision=fp8"], "stack meta has no FP8 speed-up fitted"),
     (["--stack", "megatron", "--pp-schedules", "ZBVZeroBubble"], "stack megatron has no ZBVZeroBubble schedule"),
 ])
 def test_bad_layouts_and_shapes_exit_2_with_one_clear_line(args, message):
