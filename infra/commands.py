@@ -121,7 +121,9 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
                           model_sets=tuple(parse_model_set(model_set or []).items()), hf_config=model_config,
                           precision=precision.lower(),
                           pp_schedules=schedules,
-                          timing=timing, memory=memory, failures=failures, stack=stack)
+                          timing=timing, memory=memory, failures=failures, stack=stack,
+                          **({} if stack == "smelt" else {"zero_stages": STACKS[stack].zero_stages,
+                                                          "model_parallel": STACKS[stack].model_parallel}))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
 

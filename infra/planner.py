@@ -52,6 +52,8 @@ class PlanInputs:
     # whose software runs the layouts: smelt's trainer, or a validation stack (infra.validation.STACKS), whose
     # timing and memory models ``timing`` and ``memory`` then carry and whose layouts need not be the trainer's
     stack: str = "smelt"
+    zero_stages: tuple[int, ...] = ()  # the ZeRO stages the search may use; (): the trainer's (infra/layout.py)
+    model_parallel: bool = True  # the search may use tensor and pipeline parallelism
 
     @property
     def smelt_trainer(self) -> bool:
@@ -165,11 +167,13 @@ class Plan:
 
 
 def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
-                      pp_schedules: tuple[str, ...] = tuple(TRAINER_SCHEDULES), precision: str = "bf16"):
-    """Every layout the trainer can express on ``gpus`` GPUs (see infra/layout.py for the ZeRO rules)."""
+                      pp_schedules: tuple[str, ...] = tuple(TRAINER_SCHEDULES), precision: str = "bf16",
+                      zero_stages: tuple[int, ...] = (), model_parallel: bool = True):
+    """Every layout the trainer can express on ``gpus`` GPUs (see infra/layout.py for the ZeRO rules), or, with
+    ``zero_stages`` or without ``model_parallel``, those another system offers."""
     cfg = shape.cfg
-    for tp in TP_DEGREES:
-        for pp in PP_DEGREES:
+    for tp in TP_DEGREES if model_parallel else (1,):
+        for pp in PP_DEGREES if model_parallel else (1,):
             if gpus % (tp * pp) or pp > cfg.n_layers:
                 continue
             dp = gpus // (tp * pp)
@@ -177,7 +181,7 @@ def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
             shard_sizes = {dp} | {s for s in (gpus_per_node // tp * 2**i for i in range(3))
                                   if 2 <= s < dp and dp % s == 0}
             for dp_shard in sorted(shard_sizes):
-                for zero in ((2, 3) if pp == 1 else (1,)):
+                for zero in zero_stages or ((2, 3) if pp == 1 else (1,)):
                     for ac in AC_MODES:
                         for mb in MICRO_BATCHES:
                             for schedule, v in schedules:
@@ -227,7 +231,8 @@ def plan(inputs: PlanInputs, layout: Layout | None = None) -> Plan:
     evaluated = 0
     given = layout is not None
     layouts = ([layout] if given else
-               candidate_layouts(inputs.shape, inputs.gpus, gpu.gpus_per_node, inputs.pp_schedules, inputs.precision))
+               candidate_layouts(inputs.shape, inputs.gpus, gpu.gpus_per_node, inputs.pp_schedules, inputs.precision,
+                                 inputs.zero_stages, inputs.model_parallel))
     for candidate_layout in layouts:
         evaluated += 1
         result = evaluate(inputs, candidate_layout, trainer_only=inputs.smelt_trainer and not given)

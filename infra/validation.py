@@ -81,6 +81,10 @@ class Stack:
     cp_kv_repeated: bool = False  # its model repeats K/V to the query heads before attention
     cp_fp32_merge: bool = False  # its ring attention merges each step into fp32 buffers (infra.timing)
     compiled: bool = False  # torch.compile over each (checkpointed) block: full recomputation skips w2 (infra.timing)
+    # What ``smelt plan --stack`` may search: the ZeRO stages the system offers (() = FSDP2's, as smelt's trainer
+    # uses them: 2 or 3 without a pipeline, 1 under one), and whether it has tensor and pipeline parallelism
+    zero_stages: tuple[int, ...] = ()
+    model_parallel: bool = True
 
     @property
     def constant(self) -> str:
@@ -95,14 +99,19 @@ class Stack:
         return self.fp8 or f"fp8_{self.constant}"
 
 
+# ZeRO stages a --stack search may use: Meta's FSDP shards gradients and optimizer states (ZeRO-2, Llama 3 paper
+# §3.3.2); Megatron-Core's distributed optimizer shards the optimizer states (ZeRO-1, as every Megatron-LM and NeMo
+# row runs; Megatron-Bridge's Megatron-FSDP, ZeRO-3 in its 8B row, is left to --layout); LLM Foundry's FSDP
+# FULL_SHARD or SHARD_GRAD_OP, with no tensor or pipeline parallelism in its tables.
 STACKS = {
-    "meta": Stack("meta", "Meta's Llama 3 stack", saves="megatron", tp_overlap=False, torch_pipelining=False),
+    "meta": Stack("meta", "Meta's Llama 3 stack", saves="megatron", tp_overlap=False, torch_pipelining=False,
+                  zero_stages=(2,)),
     # Megatron-Core r0.8's unfused vocab-parallel cross entropy (tensor_parallel/cross_entropy.py; the fused one
     # is off by default, --cross-entropy-loss-fusion): fp32 copy of the logits, max, subtract, exp, sum and divide
     # in place (38 bytes per logit), in the backward the in-place scaling and the cast back to bf16 (14).
     "megatron": Stack("megatron", "Megatron-LM / NeMo (Megatron-Core + Transformer Engine)", saves="megatron",
                       tp_overlap=True, attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te",
-                      torch_pipelining=False, fp8_gainless_gemm=None),
+                      torch_pipelining=False, fp8_gainless_gemm=None, zero_stages=(1,)),
     # NeMo's performance scripts (scripts/performance/helpers.py, set_precision_configs) reduce gradients in
     # bf16 and, for FP8, gather FP8 parameters (recipes/precision/mixed_precision.py: fp8_param_gather).
     # NeMo as of its 24.07 performance table (4c73f77670) sets no cross_entropy_loss_fusion: Megatron-Core's
@@ -110,19 +119,20 @@ STACKS = {
     "nemo": Stack("nemo", "NeMo / Megatron-Bridge performance recipes (Megatron-Core + Transformer Engine)",
                   saves="megatron", tp_overlap=True, grad_bytes=2, fp8_params=True, efficiency="megatron",
                   fp8="fp8_te", attention_kernel="cudnn", loss_bytes=52, tp_overlap_kind="te", torch_pipelining=False,
-                  fp8_gainless_gemm=None),
+                  fp8_gainless_gemm=None, zero_stages=(1,)),
     # Megatron-Bridge 25.11: the same kernels, but its performance recipes fuse the loss
     # (scripts/performance/utils/helpers.py, set_common_perf_overrides: cross_entropy_fusion_impl = "te"): two
     # reads of the bf16 logits, the gradient written in place, its in-place scaling in the backward (10 bytes).
     "bridge": Stack("bridge", "Megatron-Bridge 25.11 performance recipes", saves="megatron", tp_overlap=True,
                     grad_bytes=2, fp8_params=True, efficiency="megatron", fp8="fp8_te", attention_kernel="cudnn",
                     loss_bytes=10, system="nemo", tp_overlap_kind="te", torch_pipelining=False,
-                    fp8_gainless_gemm=None),
+                    fp8_gainless_gemm=None, zero_stages=(1,)),
     # The benchmark tables (October 2023, January 2024) ran Composer's eager FSDP (FullyShardedDataParallel);
     # FP8 rows swap the linear layers for Transformer Engine's (scripts/train/benchmarking/submit_benchmarks.py:
     # fc_type 'te', TransformerEngine v0.10), so they share NeMo's FP8 speed-up; attention is flash-attn/Triton.
     "llm-foundry": Stack("llm-foundry", "MosaicML LLM Foundry (Composer, PyTorch FSDP)", saves="torch",
-                         tp_overlap=False, fp8="fp8_te", overhead="fsdp1_layer_ms", fp8_gainless_gemm=None),
+                         tp_overlap=False, fp8="fp8_te", overhead="fsdp1_layer_ms", fp8_gainless_gemm=None,
+                         zero_stages=(2, 3), model_parallel=False),
     # December 2024: the loss is not compiled (train.py at 9dec370: "compiling loss function causes CUDA
     # errors"), so it holds bf16 logits, their fp32 copy, fp32 and bf16 gradients: 12 bytes per entry.
     # Under TP the loss runs vocabulary-parallel (parallelize_llama.py: ColwiseParallel output Shard(-1)),

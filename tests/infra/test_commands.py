@@ -182,10 +182,16 @@ def test_a_stack_scores_a_layout_as_the_validation_table_scores_that_systems_pub
     assert "scored as" in text and "trainer:" not in text and "launch:" not in text
 
 
-def test_a_stack_searches_smelts_layout_space_with_its_own_model():
-    # Megatron-Core saves sharded activations and overlaps TP with Transformer Engine: on the seed question it
-    # trains without recomputation, faster than smelt's eager trainer, which needs full recomputation
+def test_a_stack_searches_the_layouts_its_system_offers_with_its_own_model():
+    # Megatron-Core: its distributed optimizer (ZeRO-1 states), and sequence-sharded saves with Transformer Engine's
+    # TP overlap, so no recomputation; smelt's eager trainer needs full recomputation on the seed question
     megatron = json.loads(runner.invoke(app, ["plan", "--stack", "megatron", "--json"]).stdout)
     smelt = json.loads(runner.invoke(app, ["plan", "--json"]).stdout)
-    assert "ac-none" in megatron["layout"] and "ac-full" in smelt["layout"]
+    assert "·zero1·" in megatron["layout"] and "ac-none" in megatron["layout"] and "ac-full" in smelt["layout"]
     assert megatron["days"] < smelt["days"] and megatron["peak_memory_gb"] <= 72
+    # LLM Foundry: FSDP alone, so 4,096 ranks need at least 4,096 sequences a step
+    foundry = json.loads(runner.invoke(app, ["plan", "--stack", "llm-foundry", "--json"]).stdout)
+    assert foundry["layout"] is None and "not divisible by dp=4096" in foundry["reasons"][0]
+    foundry = json.loads(runner.invoke(app, ["plan", "--stack", "llm-foundry", "--global-batch-tokens",
+                                             str(2**25), "--json"]).stdout)
+    assert foundry["layout"].startswith("tp1·pp1·fsdp4096·zero")
