@@ -104,10 +104,12 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
         if stack == "smelt":
             timing = TimingAssumptions(compute=efficiency, compiled_recompute=compile)
             memory = MemoryAssumptions(headroom=memory_headroom)
+            zero_stages, model_parallel = (), True  # the trainer's (PlanInputs' defaults)
         else:
             timing, memory = stack_assumptions(STACKS[stack], device, headroom=memory_headroom)
             if efficiency is not None:
                 timing = dataclasses.replace(timing, compute=efficiency)
+            zero_stages, model_parallel = STACKS[stack].zero_stages, STACKS[stack].model_parallel
         schedules = tuple(n.strip() for n in pp_schedules.split(",") if n.strip())
         if not memory.torch_pipelining and "ZBVZeroBubble" in schedules:  # torch.distributed.pipelining's
             schedules = tuple(n for n in schedules if n != "ZBVZeroBubble")
@@ -121,9 +123,8 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
                           model_sets=tuple(parse_model_set(model_set or []).items()), hf_config=model_config,
                           precision=precision.lower(),
                           pp_schedules=schedules,
-                          timing=timing, memory=memory, failures=failures, stack=stack,
-                          **({} if stack == "smelt" else {"zero_stages": STACKS[stack].zero_stages,
-                                                          "model_parallel": STACKS[stack].model_parallel}))
+                          timing=timing, memory=memory, failures=failures, stack=stack, zero_stages=zero_stages,
+                          model_parallel=model_parallel)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
 
@@ -155,14 +156,14 @@ def plan_command(
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--layout") from None
     precision = given.precision if given else inputs.precision
-    if stack != "smelt" and precision == "fp8" and STACKS[stack].fp8_constant not in FITTED:
+    if not inputs.smelt_trainer and precision == "fp8" and STACKS[stack].fp8_constant not in FITTED:
         fp8_stacks = ", ".join(n for n, st in STACKS.items() if st.fp8_constant in FITTED)
         raise typer.BadParameter(f"stack {stack} has no FP8 speed-up fitted (its published runs are bf16); FP8 "
                                  f"stacks: {fp8_stacks}", param_hint="--precision/--stack")
     result = plan(inputs, given)
     errors = validation_summary(validation_table())  # a stack's own system's held-out mean, or all systems'
-    error = (errors["per_system_mean_abs_error"][STACKS[stack].system_name] if inputs.stack != "smelt"
-             else errors["held_out_mean_abs_error"])
+    error = (errors["held_out_mean_abs_error"] if inputs.smelt_trainer
+             else errors["per_system_mean_abs_error"][STACKS[stack].system_name])
     rows = sensitivity(result, planner_error=error)
     if json_out:
         print(json.dumps(to_dict(result, rows)))

@@ -181,8 +181,8 @@ class StepTime:
         return dataclasses.replace(self, **{name: getattr(self, name) * factor for name in self.TIMES})
 
     def parts(self) -> dict[str, float]:
-        return {"compute": self.compute, "recompute": self.recompute, "tp_comm": self.tp_comm,
-                "pp_comm": self.pp_comm, "cp_comm": self.cp_comm, "pp_bubble": self.bubble, "dp_comm": self.dp_comm}
+        """Each part of the step by the name ``PART_LABELS`` gives it (the bubble is the pipeline's)."""
+        return {"pp_bubble" if name == "bubble" else name: getattr(self, name) for name in self.TIMES}
 
 
 PART_LABELS = {"compute": "compute on the slowest stage", "recompute": "activation recomputation",
@@ -431,6 +431,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
                                              for i, o in matmuls))
         regathered = gathers * layers
 
+    cp_kv_heads = cfg.n_heads if a.cp_kv_repeated else cfg.n_kv_heads  # the K/V heads ring attention moves
     if layout.cp > 1 and a.cp_fp32_merge:
         # torch's ring attention (_templated_ring_attention and its backward) folds every ring step after the
         # first into fp32 buffers on the compute stream: the forward merges the step's bf16 output into the fp32
@@ -439,7 +440,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
         # bytes per element. The last rank runs every step on its whole query. Transformer Engine instead
         # corrects on a side stream, behind the next step's attention.
         q = cfg.n_heads * cfg.head_dim / layout.tp
-        kv = (cfg.n_heads if a.cp_kv_repeated else cfg.n_kv_heads) * cfg.head_dim / layout.tp
+        kv = cp_kv_heads * cfg.head_dim / layout.tp
         merge = tokens * layers * (layout.cp - 1) * 10 / hbm
         compute += merge * (q + q + 2 * kv)  # the forward's merges and the backward's accumulations
         if layout.activation_checkpoint == "full":
@@ -472,8 +473,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     cp = 0.0
     if layout.cp > 1:  # ring attention: K and V chunks forward; K, V and their gradients backward
         link = _group_bandwidth(gpu, layout.tp, layout.cp, nvlink, nic)
-        heads = cfg.n_heads if a.cp_kv_repeated else cfg.n_kv_heads
-        ring_fwd = (layout.cp - 1) * tokens * 2 * heads * cfg.head_dim / layout.tp * 2 / link  # K, V in bf16
+        ring_fwd = (layout.cp - 1) * tokens * 2 * cp_kv_heads * cfg.head_dim / layout.tp * 2 / link  # K, V in bf16
         if a.cp_rotate == "allgather":  # behind the local block only; fp32 gradients around the ring
             forward = max(ring_fwd - tokens * attention_fwd_s / layout.cp, 0.0)
             backward = (max(ring_fwd - tokens * attention_bwd_s / layout.cp, 0.0)
