@@ -168,9 +168,11 @@ class Plan:
 
 def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
                       pp_schedules: tuple[str, ...] = tuple(TRAINER_SCHEDULES), precision: str = "bf16",
-                      zero_stages: tuple[int, ...] = (), model_parallel: bool = True):
+                      zero_stages: tuple[int, ...] = (), model_parallel: bool = True, deep_interleaving: bool = False):
     """Every layout the trainer can express on ``gpus`` GPUs (see infra/layout.py for the ZeRO rules), or, with
-    ``zero_stages`` or without ``model_parallel``, those another system offers."""
+    ``zero_stages``, without ``model_parallel`` or with ``deep_interleaving``, those another system offers.
+    ``deep_interleaving``: Interleaved1F1B also with every deeper number of stages per rank that splits the layers
+    evenly (Megatron-Core's virtual pipeline size, torchtitan's layers per stage), not only the trainer's two."""
     cfg = shape.cfg
     for tp in TP_DEGREES if model_parallel else (1,):
         for pp in PP_DEGREES if model_parallel else (1,):
@@ -178,6 +180,10 @@ def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
                 continue
             dp = gpus // (tp * pp)
             schedules = [(n, TRAINER_SCHEDULES[n]) for n in pp_schedules] if pp > 1 else [("1F1B", 1)]
+            if deep_interleaving and pp > 1 and "Interleaved1F1B" in pp_schedules:
+                deepest = TRAINER_SCHEDULES["Interleaved1F1B"]
+                schedules += [("Interleaved1F1B", v) for v in range(deepest + 1, cfg.n_layers // pp + 1)
+                              if cfg.n_layers % (pp * v) == 0]
             shard_sizes = {dp} | {s for s in (gpus_per_node // tp * 2**i for i in range(3))
                                   if 2 <= s < dp and dp % s == 0}
             for dp_shard in sorted(shard_sizes):
@@ -232,7 +238,8 @@ def plan(inputs: PlanInputs, layout: Layout | None = None) -> Plan:
     given = layout is not None
     layouts = ([layout] if given else
                candidate_layouts(inputs.shape, inputs.gpus, gpu.gpus_per_node, inputs.pp_schedules, inputs.precision,
-                                 inputs.zero_stages, inputs.model_parallel))
+                                 inputs.zero_stages, inputs.model_parallel,
+                                 deep_interleaving=not inputs.smelt_trainer))
     for candidate_layout in layouts:
         evaluated += 1
         result = evaluate(inputs, candidate_layout, trainer_only=inputs.smelt_trainer and not given)

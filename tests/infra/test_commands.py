@@ -1,6 +1,7 @@
 """`smelt plan` / `smelt simulate` through a tiny typer app, as flows/cli.py registers them."""
 
 import json
+import re
 
 import pytest
 import typer
@@ -189,6 +190,11 @@ def test_a_stack_searches_the_layouts_its_system_offers_with_its_own_model():
     smelt = json.loads(runner.invoke(app, ["plan", "--json"]).stdout)
     assert "·zero1·" in megatron["layout"] and "ac-none" in megatron["layout"] and "ac-full" in smelt["layout"]
     assert megatron["days"] < smelt["days"] and megatron["peak_memory_gb"] <= 72
+    # it interleaves as deep as Megatron-Core's virtual pipeline allows, and so beats the usual hand layout
+    assert int(re.search(r"·pp\d+v(\d+)·", megatron["layout"]).group(1)) > 2
+    hand = json.loads(runner.invoke(app, ["plan", "--stack", "megatron", "--layout",
+                                          "tp=8,pp=4,vp=5,zero=1,ac=none,mb=1", "--json"]).stdout)
+    assert megatron["days"] < hand["days"]
     # LLM Foundry: FSDP alone, so 4,096 ranks need at least 4,096 sequences a step
     foundry = json.loads(runner.invoke(app, ["plan", "--stack", "llm-foundry", "--json"]).stdout)
     assert foundry["layout"] is None and "not divisible by dp=4096" in foundry["reasons"][0]

@@ -6,7 +6,7 @@ import pytest
 
 from infra.catalogue import gpu
 from infra.layout import Layout
-from infra.planner import Candidate, PlanInputs, evaluate, plan, sensitivity, to_dict
+from infra.planner import Candidate, PlanInputs, candidate_layouts, evaluate, plan, sensitivity, to_dict
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +123,17 @@ def test_json_has_the_verdict_keys(question):
         assert out[key] is not None
     assert out["parallel"]["tp"] == question.best.layout.tp
     assert out["memory_gb"]["total_gb"] <= out["memory_gb"]["usable_gb"]
+
+
+def test_other_systems_interleave_deeper_than_the_trainer():
+    """smelt's trainer runs two stages per rank; with ``deep_interleaving`` (a --stack search) Interleaved1F1B also
+    takes every deeper count that splits the layers evenly: 80 layers on 4 ranks, 20 each, so 4, 5, 10 and 20."""
+    shape = PlanInputs().shape
+
+    def depths(deep: bool) -> set[int]:
+        return {layout.virtual_stages for layout in candidate_layouts(shape, 64, 8, deep_interleaving=deep)
+                if layout.pp == 4 and layout.pp_schedule == "Interleaved1F1B"}
+
+    assert depths(False) == {2} and depths(True) == {2, 4, 5, 10, 20}
+    assert {layout.virtual_stages for layout in candidate_layouts(shape, 64, 8, deep_interleaving=True)
+            if layout.pp_schedule != "Interleaved1F1B"} == {1, 2}  # 1F1B, and ZB-V's V
