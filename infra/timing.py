@@ -320,12 +320,36 @@ def _gemm_speedup(inputs: float, outputs: float, fp8: bool, a: TimingAssumptions
     return a.fp8_speedup if fp8 and not small else 1.0
 
 
+def rank_linears(shape: ModelShape, tp: int) -> list[tuple[str, int, int]]:
+    """A block's linear layers as one tensor-parallel rank runs them, (name, inputs, outputs): a
+    column-parallel shard keeps its inputs whole, a row-parallel one its outputs."""
+    column, row = _linears(shape)
+    names = ("q", "k", "v", "w1") if shape.gelu_mlp else ("q", "k", "v", "w1", "w3")
+    return ([(name, i, o // tp) for name, (i, o) in zip(names, column)]
+            + [(name, i // tp, o) for name, (i, o) in zip(("wo", "w2"), row)])
+
+
 def _fp8_linear_speedup(shape: ModelShape, tp: int, a: TimingAssumptions) -> float:
     """The FP8 speed-up of a block's linear math: its GEMMs' rates weighted by their FLOPs, each GEMM at the
-    shape it has on the rank (a column-parallel shard keeps its inputs whole, a row-parallel one its outputs)."""
-    column, row = _linears(shape)
-    gemms = [(i, o // tp) for i, o in column] + [(i // tp, o) for i, o in row]
+    shape it has on the rank (``rank_linears``)."""
+    gemms = [(i, o) for _, i, o in rank_linears(shape, tp)]
     return sum(i * o for i, o in gemms) / sum(i * o / _gemm_speedup(i, o, True, a) for i, o in gemms)
+
+
+def linear_seconds(inputs: int, outputs: int, tokens: int, gpu: GPU, fp8: bool, a: TimingAssumptions) -> float:
+    """Seconds of one linear layer on its own, forward and backward on ``tokens`` rows, by the terms ``step_time``
+    charges a block's linears: the three GEMMs' math at the compute rate (FP8's speed-up unless too narrow,
+    ``_gemm_speedup``), their activation and weight traffic (``_gemm_bytes_per_element``) and, in FP8, the casts
+    of its input and output gradient (6 bytes per element each, as ``_fp8_cast_bytes`` counts a tensor the rank
+    casts whole) and of its weight. In a block, q, k and v (and w1 and w3) share one cast of their input; alone,
+    each linear casts its own. What bench/fp8_linears.py sets against a measured linear."""
+    rate = gpu.peak_flops * (a.compute if a.compute is not None else gpu.compute_efficiency)
+    hbm = gpu.hbm_tbps * 1e12
+    seconds = (6 * tokens * inputs * outputs / (rate * _gemm_speedup(inputs, outputs, fp8, a))
+               + _gemm_bytes_per_element(fp8) * (tokens * (inputs + outputs) + inputs * outputs) / hbm)
+    if fp8:
+        seconds += 6 * (tokens * (inputs + outputs) + inputs * outputs) / hbm
+    return seconds
 
 
 def _forward_gemm_s(inputs: float, outputs: float, rate: float, hbm: float, fp8: bool,

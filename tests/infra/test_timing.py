@@ -7,7 +7,8 @@ import pytest
 from infra.catalogue import gpu
 from infra.layout import Layout, ModelShape, split_stages
 from infra.timing import (ASYNC_TP_HIDDEN, FP8_SPEEDUP, TimingAssumptions, _fp8_cast_bytes, _fp8_linear_speedup,
-                          _gemm_activation_bytes, _ring_collective, attention_seconds, step_time)
+                          _gemm_activation_bytes, _ring_collective, linear_seconds, rank_linears,
+                          attention_seconds, step_time)
 from tasks.model_config import PRESETS
 
 
@@ -346,3 +347,34 @@ def test_a_collective_pays_nccls_ring_latency_on_the_protocol_nccl_would_pick():
     assert _ring_collective(1.0, 2048, 512) == pytest.approx(1.0 + (8.4 + 1536 * 3.4 + 511 * 14.0) * 1e-6)
     assert _ring_collective(5e-3, 8, 1) == pytest.approx(5e-3 + (8.4 + 7 * 3.4) * 1e-6)  # TP8 in a node
     assert _ring_collective(1.0, 1, 1) == 0.0
+
+
+def test_a_ranks_linears_are_the_blocks_column_shards_and_row_shards():
+    cfg = PRESETS["8b"]  # h 4096, 8 K/V heads of 128, f 14336
+    assert rank_linears(ModelShape(cfg, 8192), 8) == [("q", 4096, 512), ("k", 4096, 128), ("v", 4096, 128),
+                                                      ("w1", 4096, 1792), ("w3", 4096, 1792),
+                                                      ("wo", 512, 4096), ("w2", 1792, 4096)]
+
+
+def test_a_blocks_linears_alone_add_up_to_what_the_step_charges_them():
+    """``linear_seconds`` (bench/fp8_linears.py's prediction) against ``step_time``'s own terms for a block's
+    linears: their math, their activation traffic per token and their weights' traffic per micro-batch."""
+    shape, h100, a = ModelShape(PRESETS["8b"], 8192), gpu("h100"), TimingAssumptions()
+    tokens, rate, hbm = 16384, h100.peak_flops * h100.compute_efficiency, h100.hbm_tbps * 1e12
+    for tp in (1, 8):
+        alone = sum(linear_seconds(i, o, tokens, h100, False, a) for _, i, o in rank_linears(shape, tp))
+        linear_flops = (shape.layer_flops - shape.attention_flops) / tp
+        weights = sum(i * o for _, i, o in rank_linears(shape, tp))
+        # (the step's layer FLOPs also count the two norms' weights, 6·2h of some 6·218M per token)
+        assert alone == pytest.approx(tokens * (linear_flops / rate + _gemm_activation_bytes(shape, tp, False) / hbm)
+                                      + 6 * weights / hbm, rel=1e-4)
+
+
+def test_fp8_gains_on_a_wide_linear_and_loses_on_one_torchao_finds_too_narrow():
+    h100, a = gpu("h100"), TimingAssumptions()
+
+    def gain(i, o, tokens):
+        return linear_seconds(i, o, tokens, h100, False, a) / linear_seconds(i, o, tokens, h100, True, a)
+
+    assert 1 < gain(8192, 3584, 4096) < gain(8192, 3584, 131072) < FP8_SPEEDUP  # the casts weigh less on more rows
+    assert gain(4096, 128, 131072) < 1  # 8B's k at any tp: the bf16 rate plus the casts
