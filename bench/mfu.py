@@ -1,6 +1,7 @@
 """Model FLOPs utilisation of smelt's trainer on GPUs: a 1B-class preset in bf16 with torch.compile.
 
     python bench/mfu.py                                   # one GPU
+    python bench/mfu.py --preset 3b                       # Llama 3.2 3B shapes
     torchrun --nproc-per-node 8 bench/mfu.py              # FSDP over 8 GPUs (dp_shard = world)
     python bench/mfu.py --float8 tensorwise               # the blocks' matmuls in FP8 (torchao)
     python bench/mfu.py --allow-cpu --preset tiny --seq-len 128 --batch 4 --no-compile   # smoke test
@@ -52,7 +53,7 @@ def write_random_tokens(url: str, tokens: int, vocab: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="1b", help="model preset (default 1b: Llama 3.2 1B shapes)")
+    parser.add_argument("--preset", default="1b", help="model preset (default 1b: Llama 3.2 1B shapes; 3b: Llama 3.2 3B)")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=0, help="global batch in sequences (default 4 per GPU)")
     parser.add_argument("--warmup", type=int, default=5, help="steps not measured (compile, allocator)")

@@ -62,11 +62,13 @@ class ModelConfig:
         return 6 * n + 12 * self.n_layers * self.n_heads * self.head_dim * seq_len
 
 
-# Published shapes: Llama 3 8B / 70B (ffn from multiplier 1.3 / 1.3, multiple_of 1024), Llama 3.2 1B.
+# Published shapes: Llama 3 8B / 70B (ffn from multiplier 1.3 / 1.3, multiple_of 1024), Llama 3.2 1B / 3B.
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=192, max_seq_len=512),
     "125m": ModelConfig(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_hidden=2048, vocab_size=32000),
     "1b": ModelConfig(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_hidden=8192, vocab_size=128256,
+                      tie_embeddings=True, max_seq_len=8192),
+    "3b": ModelConfig(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_hidden=8192, vocab_size=128256,
                       tie_embeddings=True, max_seq_len=8192),
     "8b": ModelConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_hidden=14336, vocab_size=128256,
                       max_seq_len=8192),

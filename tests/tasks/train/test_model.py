@@ -18,7 +18,7 @@ def one_thread():
 
 
 # Meta's published parameter counts (model cards / Llama 3 paper).
-PUBLISHED = {"8b": 8.03e9, "70b": 70.6e9}
+PUBLISHED = {"1b": 1.23e9, "3b": 3.21e9, "8b": 8.03e9, "70b": 70.6e9}  # model cards (Llama 3.2 1B, 3B; 3.1 8B, 70B)
 
 
 def small(**overrides) -> Transformer:
