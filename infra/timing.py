@@ -191,6 +191,11 @@ PART_LABELS = {"compute": "compute on the slowest stage", "recompute": "activati
                "dp_comm": "exposed FSDP/data-parallel traffic"}
 
 
+def _compute_rate(gpu: GPU, a: TimingAssumptions) -> float:
+    """FLOP/s the GEMMs reach: the peak at ``a.compute``, or at the GPU's calibrated efficiency."""
+    return gpu.peak_flops * (a.compute if a.compute is not None else gpu.compute_efficiency)
+
+
 def _ring(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
@@ -343,8 +348,7 @@ def linear_seconds(inputs: int, outputs: int, tokens: int, gpu: GPU, fp8: bool, 
     of its input and output gradient (6 bytes per element each, as ``_fp8_cast_bytes`` counts a tensor the rank
     casts whole) and of its weight. In a block, q, k and v (and w1 and w3) share one cast of their input; alone,
     each linear casts its own. What bench/fp8_linears.py sets against a measured linear."""
-    rate = gpu.peak_flops * (a.compute if a.compute is not None else gpu.compute_efficiency)
-    hbm = gpu.hbm_tbps * 1e12
+    rate, hbm = _compute_rate(gpu, a), gpu.hbm_tbps * 1e12
     seconds = (6 * tokens * inputs * outputs / (rate * _gemm_speedup(inputs, outputs, fp8, a))
                + _gemm_bytes_per_element(fp8) * (tokens * (inputs + outputs) + inputs * outputs) / hbm)
     if fp8:
@@ -401,7 +405,7 @@ def attention_seconds(shape: ModelShape, layout: Layout, gpu: GPU, a: TimingAssu
     length = shape.seq_len // layout.cp
     i = max(bisect.bisect_right(KERNEL_LENGTHS, length) - 1, 0)  # the longest measured length not above it
     causal, full, backward = (table[i] for table in ATTENTION_KERNELS[a.attention_kernel])
-    rate = gpu.peak_flops * (a.compute if a.compute is not None else gpu.compute_efficiency) * a.attention
+    rate = _compute_rate(gpu, a) * a.attention
     reference = ATTENTION_KERNELS["fa2"][0][-1]
     forward_flops = 2 * c.n_heads * c.head_dim * shape.seq_len / layout.tp
     return (forward_flops / (rate * causal / reference),
@@ -414,7 +418,7 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
     split = layout.split(shape)
     m = layout.microbatches(global_seqs)
     tokens = layout.micro_batch * s // layout.cp  # per rank and micro-batch
-    rate = gpu.peak_flops * (a.compute if a.compute is not None else gpu.compute_efficiency)
+    rate = _compute_rate(gpu, a)
     nvlink = gpu.nvlink_gbps * 1e9 * a.network
     nic = gpu.internode_gbps * 1e9 * a.network
     hbm = gpu.hbm_tbps * 1e12
