@@ -169,24 +169,8 @@ class StageSplit:
         return tuple(sum(c) for c in self.chunks)
 
     @property
-    def first_layers(self) -> int:
-        return self.per_rank[0]
-
-    @property
-    def last_layers(self) -> int:  # on the output rank
-        return self.per_rank[self.output_rank]
-
-    @property
     def max_layers(self) -> int:
         return max(self.per_rank)
-
-    @property
-    def first_chunks(self) -> tuple[int, ...]:
-        return self.chunks[0]
-
-    @property
-    def first_params(self) -> int:
-        return self.params[0]
 
     @property
     def max_params(self) -> int:
@@ -195,6 +179,12 @@ class StageSplit:
     @property
     def output_on_first(self) -> bool:
         return self.output_rank == 0
+
+
+def even_interleavings(n_layers: int, pp: int) -> list[int]:
+    """The numbers of stages per pipeline rank that split ``n_layers`` evenly over ``pp`` ranks: the interleaving
+    depths Megatron-Core (its virtual pipeline size) and torchtitan (its layers per stage) take."""
+    return [v for v in range(1, n_layers // pp + 1) if n_layers % (pp * v) == 0]
 
 
 def split_stages(shape: ModelShape, pp: int, virtual_stages: int = 1, style: str = "even",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from infra.catalogue import CATALOGUE, GPU
 from infra.layout import AC_MODES, PRECISIONS, TRAINER_SCHEDULES, Layout, ModelShape, Rejection, check_shape, \
-    trainer_gaps
+    even_interleavings, trainer_gaps
 from infra.memory import GB, MemoryAssumptions, MemoryBreakdown, memory_per_rank
 from infra.models import model_config
 from infra.reliability import FailureAssumptions, Reliability, plan_reliability
@@ -181,9 +181,8 @@ def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
             dp = gpus // (tp * pp)
             schedules = [(n, TRAINER_SCHEDULES[n]) for n in pp_schedules] if pp > 1 else [("1F1B", 1)]
             if deep_interleaving and pp > 1 and "Interleaved1F1B" in pp_schedules:
-                deepest = TRAINER_SCHEDULES["Interleaved1F1B"]
-                schedules += [("Interleaved1F1B", v) for v in range(deepest + 1, cfg.n_layers // pp + 1)
-                              if cfg.n_layers % (pp * v) == 0]
+                schedules += [("Interleaved1F1B", v) for v in even_interleavings(cfg.n_layers, pp)
+                              if v > TRAINER_SCHEDULES["Interleaved1F1B"]]
             shard_sizes = {dp} | {s for s in (gpus_per_node // tp * 2**i for i in range(3))
                                   if 2 <= s < dp and dp % s == 0}
             for dp_shard in sorted(shard_sizes):

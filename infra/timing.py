@@ -449,8 +449,8 @@ def step_time(shape: ModelShape, layout: Layout, gpu: GPU, global_seqs: int,
         recomputed = layers
         recompute = tokens * layers * ((layer_s - attention_s) / 3 + attention_fwd_s) + a.layer_overhead_s * layers
         if a.compiled_recompute:  # but w2's forward GEMM (row-parallel): the block's output is not needed
-            i, o = _linears(shape)[1][-1]
-            recompute -= tokens * layers * _forward_gemm_s(i // layout.tp, o, rate, hbm, fp8, a)
+            _, i, o = rank_linears(shape, layout.tp)[-1]
+            recompute -= tokens * layers * _forward_gemm_s(i, o, rate, hbm, fp8, a)
     elif layout.activation_checkpoint == "selective":  # memory-bound ops, and the policy's matmuls
         matmuls, gathers = selective_reruns(a.selective_policy, shape, layout.tp)
         # the rerun forwards (column-parallel, or at tp 1): full-width inputs, sharded outputs

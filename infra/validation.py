@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from infra.catalogue import GPU
 from infra.catalogue import gpu as lookup_gpu
-from infra.layout import Layout, ModelShape, check_shape, parse_layout
+from infra.layout import Layout, ModelShape, check_shape, even_interleavings, parse_layout
 from infra.memory import GB, MemoryAssumptions, memory_per_rank
 from infra.timing import FP8_GAINLESS_GEMM, TimingAssumptions, step_time
 from tasks.model_config import PRESETS, ModelConfig
@@ -391,8 +391,7 @@ def _layouts(run: Run, shape: ModelShape) -> list[Layout]:
     base = parse_layout(run.layout, run.gpus, run.precision)
     options = {
         "mb": [mb for mb in (1, 2, 4, 8) if run.global_batch % (base.dp * mb) == 0],
-        "vp": [1] if base.pp == 1 else [v for v in range(1, shape.cfg.n_layers // base.pp + 1)
-                                         if shape.cfg.n_layers % (base.pp * v) == 0],
+        "vp": [1] if base.pp == 1 else even_interleavings(shape.cfg.n_layers, base.pp),
         "ac": ["none", "selective", "full"],
     }
     out = []

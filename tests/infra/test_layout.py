@@ -82,7 +82,7 @@ def test_what_the_trainer_cannot_run_is_named_and_other_systems_rules_are_relaxe
     assert trainer_gaps(meta) == ["Interleaved1F1B with 8 stages per rank", "ZeRO-2 under pipelining",
                                   "the balanced stage split"]
     assert check_shape(meta, shape, 8, 2048, trainer_only=False) is None  # 126 layers in 16 × 8 stages, 2 empty
-    assert meta.split(shape).first_chunks == (0, 1, 1, 1, 1, 1, 1, 1)
+    assert meta.split(shape).chunks[0] == (0, 1, 1, 1, 1, 1, 1, 1)
     cp = parse_layout("tp=8,cp=3", 24)
     assert check_shape(cp, SHAPE, 8, 1, trainer_only=False).reason == "layout.cp_indivisible"
 

@@ -28,20 +28,20 @@ def test_layer_and_output_flops_add_up_to_the_model_flops():
 def test_trainer_split_is_even_with_the_remainder_on_earlier_stages():
     shape = ModelShape(PRESETS["405b"], 8192)
     split = split_stages(shape, 16)  # 126 = 14 × 8 + 2 × 7
-    assert (split.first_layers, split.last_layers, split.max_layers) == (8, 7, 8)
+    assert (split.per_rank[0], split.per_rank[split.output_rank], split.max_layers) == (8, 7, 8)
     assert split.max_flops == pytest.approx(max(8 * shape.layer_flops, 7 * shape.layer_flops + shape.output_flops))
 
 
 def test_zbv_folds_the_first_and_last_stage_onto_rank_0():
     shape = ModelShape(PRESETS["70b"], 8192)
     split = split_stages(shape, 4, virtual_stages=2, folded=True)  # 8 stages of 10 layers
-    assert split.output_on_first and split.first_layers == 20
-    assert split.first_params == 20 * shape.layer_params + shape.embedding_params + shape.output_params
+    assert split.output_on_first and split.per_rank[0] == 20
+    assert split.params[0] == 20 * shape.layer_params + shape.embedding_params + shape.output_params
 
 
 def test_balanced_split_takes_one_layer_off_the_first_and_the_last_stage():
     split = split_stages(ModelShape(PRESETS["405b"], 8192), 16, style="balanced")
-    assert (split.first_layers, split.last_layers) == (7, 7)  # as Llama 3 did (§3.3.2): 7 + 14 × 8 + 7
+    assert (split.per_rank[0], split.per_rank[split.output_rank]) == (7, 7)  # as Llama 3 did (§3.3.2): 7 + 14 × 8 + 7
     assert sum(split.per_rank) == 126
 
 
@@ -222,7 +222,7 @@ def test_torchtitan_split_gives_the_middle_stages_the_remainder():
     assert stage_layers(126, 8) == [16] * 6 + [15] * 2  # smelt's: the remainder first
     assert stage_layers(10, 1, "torchtitan") == [10] and stage_layers(10, 2, "torchtitan") == [5, 5]
     split = split_stages(ModelShape(PRESETS["405b"], 8192), 8, style="torchtitan")
-    assert (split.first_layers, split.last_layers, split.max_layers) == (15, 15, 16)
+    assert (split.per_rank[0], split.per_rank[split.output_rank], split.max_layers) == (15, 15, 16)
     assert split.max_params == 16 * split.params[1] // 16 == split.params[1]  # a middle rank holds the most
     with pytest.raises(ValueError, match="even, balanced, torchtitan"):
         split_stages(ModelShape(PRESETS["405b"], 8192), 8, style="uneven")

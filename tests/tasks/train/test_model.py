@@ -17,8 +17,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-# Meta's published parameter counts (model cards / Llama 3 paper).
-PUBLISHED = {"1b": 1.23e9, "3b": 3.21e9, "8b": 8.03e9, "70b": 70.6e9}  # model cards (Llama 3.2 1B, 3B; 3.1 8B, 70B)
+# Meta's published parameter counts (model cards: Llama 3.2 1B and 3B, Llama 3.1 8B and 70B).
+PUBLISHED = {"1b": 1.23e9, "3b": 3.21e9, "8b": 8.03e9, "70b": 70.6e9}
 
 
 def small(**overrides) -> Transformer:
