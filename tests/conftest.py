@@ -5,8 +5,20 @@ events emitted under the second then reach the first server.
 """
 
 import os
+import shutil
+import tempfile
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def snapshot_store():
+    """Every run's in-memory snapshots (tasks/train/snapshot.py) in a folder of this session, removed at its end;
+    torchrun ranks inherit the variable. Tests that simulate nodes give each its own folder."""
+    folder = tempfile.mkdtemp(prefix="smelt-test-snapshots-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.environ["SMELT_SNAPSHOT_DIR"] = folder
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,9 @@ class Callback:
     def on_save_end(self, step: int, started: bool, checkpointer) -> None:
         """After ``maybe_save``; ``started`` says whether a save began."""
 
+    def on_snapshot(self, step: int, snapshots) -> None:
+        """Just after the in-memory snapshot of ``step`` started (its copy and replication in flight)."""
+
 
 class Callbacks(Callback):
     """Calls each callback in turn (``on_loss`` threads the loss through them)."""
@@ -56,3 +59,7 @@ class Callbacks(Callback):
     def on_save_end(self, step: int, started: bool, checkpointer) -> None:
         for cb in self.callbacks:
             cb.on_save_end(step, started, checkpointer)
+
+    def on_snapshot(self, step: int, snapshots) -> None:
+        for cb in self.callbacks:
+            cb.on_snapshot(step, snapshots)

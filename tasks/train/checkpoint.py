@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import WriteItemType
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    _init_optim_state,  # what DCP's own optimizer load calls first; no public equivalent in torch 2.13
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -130,6 +131,12 @@ class ModelOptimState(Stateful):
             model_sd.update(get_model_state_dict(model, options=self._OPTIONS))
             optim_sd.update(get_optimizer_state_dict(model, optimizer, options=self._OPTIONS))
         return {"model": model_sd, "optim": optim_sd}
+
+    def init_optimizer_state(self) -> None:
+        """Give a fresh optimizer its (zero) state, as DCP's own load does, so ``state_dict`` shows every
+        entry a load will fill: an optimizer step with zero gradients at learning rate zero."""
+        for optimizer in self.optimizers:
+            _init_optim_state(optimizer)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         partial = StateDictOptions(flatten_optimizer_state_dict=True, strict=len(self.models) == 1)
@@ -488,6 +495,10 @@ class CheckpointManager:
         self._last_step, self._last_time = step, time.monotonic()
         log.info("loaded checkpoint step %d from %s", step, url)
         return manifest.meta
+
+    def mark_loaded(self, step: int) -> None:
+        """The run's state is ``step`` (restored from elsewhere, e.g. a snapshot): the interval counts from it."""
+        self._last_step, self._last_time = step, time.monotonic()
 
     def _good(self, url: str) -> bool:
         problems = checkpoint_problems(url, self.rank, self.world_size)

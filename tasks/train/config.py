@@ -138,6 +138,24 @@ class CheckpointConfig:
 
 
 @dataclass
+class SnapshotConfig:
+    """In-memory snapshots of every step on this node and a peer node (tasks/train/snapshot.py)."""
+
+    enabled: str = "auto"  # auto: on when there is more than one rank | on | off
+    interval_steps: int = 1  # a snapshot after every N-th step
+    keep: int = 2  # newest snapshots each rank keeps, of its own state and of the replica it holds
+    dir: str = ""  # the node-local store; empty: $SMELT_SNAPSHOT_DIR, else /dev/shm/smelt-snapshots
+
+    def __post_init__(self) -> None:
+        _choice("snapshot.enabled", self.enabled, ("auto", "on", "off"))
+        _require(self.interval_steps >= 1, f"snapshot.interval_steps must be at least 1, got {self.interval_steps}")
+        _require(self.keep >= 1, f"snapshot.keep must be at least 1, got {self.keep}")
+
+    def active(self, world_size: int) -> bool:
+        return self.enabled == "on" or (self.enabled == "auto" and world_size > 1)
+
+
+@dataclass
 class WatchdogConfig:
     """Hangs become failures that torchrun restarts (tasks/train/watchdog.py)."""
 
@@ -198,6 +216,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     loss_guard: LossGuardConfig = field(default_factory=LossGuardConfig)
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)

@@ -7,17 +7,22 @@ Off unless asked for, by ``[train.faults] inject`` or the ``SMELT_FAULTS`` envir
     kill:rank=0,step=6,at=save    ... just after the step-6 checkpoint save started (its files in flight;
                                   with checkpoint.async_mode=off the save is already complete then)
     kill:rank=1,step=8,at=saved   ... once the step-8 checkpoint has committed
+    kill:rank=1,step=8,at=snapshot  ... just after the step-8 in-memory snapshot started (its copy in flight)
+    kill:rank=1,step=8,at=replicate ... once that snapshot is copied, while it is being replicated
     stop:rank=0,step=5            SIGSTOP rank 0 at the start of step 5: a hang, it never comes back
     slow:rank=1,factor=3          rank 1 sleeps (factor - 1) × its compute time every step (step=S: from S)
     nan:step=6                    the loss and gradients of step 6 become NaN (rank=R: on rank R only)
+    corrupt_snapshot:rank=1,step=7  at the start of step 7, flip a byte in rank 1's newest snapshot file on its
+                                  node (step 6's), then SIGKILL rank 1: the restart must refuse that copy
     crash_in_save:step=10         every rank (rank=R: rank R) exits after the step-10 checkpoint's files
                                   are written and before its manifest (checkpoint.SMELT_FAULT_CRASH_IN_SAVE);
                                   step 10 must be a checkpoint step
 
-Kills and stops at the start of a step first wait for earlier checkpoint saves to commit, so the
-checkpoint a restart resumes from does not depend on timing. Every fault but ``slow`` fires once
-per run: before acting, the rank writes ``<run_dir>/faults/fired-<kind>-<rank>-<step>[-<at>]``
-(JSON: pid, host, time), and a restarted rank drops the faults whose marker exists. ``slow`` is a
+Kills and stops at the start of a step first wait for earlier checkpoint saves to commit and earlier
+snapshots to be replicated, so the state a restart resumes from does not depend on timing. Every fault
+but ``slow`` fires once per run: before acting, the rank writes
+``<run_dir>/faults/fired-<kind>-<rank>-<step>[-<at>]`` (JSON: pid, host, time), and a restarted rank
+drops the faults whose marker exists. ``slow`` is a
 condition, not an event: it holds in every process group.
 """
 
@@ -42,10 +47,10 @@ log = logging.getLogger(__name__)
 
 ENV = "SMELT_FAULTS"
 FAULTS_DIR = "faults"
-KINDS = ("kill", "stop", "slow", "nan", "crash_in_save")
-KILL_PHASES = ("step", "save", "saved")
+KINDS = ("kill", "stop", "slow", "nan", "crash_in_save", "corrupt_snapshot")
+KILL_PHASES = ("step", "save", "saved", "snapshot", "replicate")
 _NEEDS = {"kill": ("rank", "step"), "stop": ("rank", "step"), "slow": ("rank", "factor"), "nan": ("step",),
-          "crash_in_save": ("step",)}
+          "crash_in_save": ("step",), "corrupt_snapshot": ("rank", "step")}
 _KEYS = {"rank", "step", "factor", "at"}
 
 
@@ -104,6 +109,7 @@ class FaultInjector(Callback):
         mine = [f for f in faults if f.rank in (None, rank)]
         fired = self._fired() if mine else set()
         self.faults = [f for f in mine if f.kind == "slow" or f.marker(rank) not in fired]
+        self._snapshots = None  # the trainer's snapshotter, once it has taken a snapshot
         if self.faults:
             log.warning("fault injection armed on rank %d: %s", rank, self.faults)
 
@@ -116,8 +122,10 @@ class FaultInjector(Callback):
 
     def on_step_start(self, step: int, checkpointer) -> None:
         """kill / stop at the start of ``step``, once earlier saves have committed."""
-        for fault in self._due(step, ("kill", "stop"), at="step"):
+        for fault in self._due(step, ("kill", "stop", "corrupt_snapshot"), at="step"):
             checkpointer.wait_for_commit()
+            if self._snapshots is not None:
+                self._snapshots.wait()
             self._fire(fault, step)
 
     def on_loss(self, step: int, loss: torch.Tensor, params) -> torch.Tensor:
@@ -150,6 +158,15 @@ class FaultInjector(Callback):
             checkpointer.wait_for_commit()
             self._fire(fault, step)
 
+    def on_snapshot(self, step: int, snapshots) -> None:
+        """kill at=snapshot (its copy in flight) or at=replicate (copied, being replicated)."""
+        self._snapshots = snapshots
+        for fault in self._due(step, ("kill",), at="snapshot"):
+            self._fire(fault, step)
+        for fault in self._due(step, ("kill",), at="replicate"):
+            snapshots.wait_for_copy()
+            self._fire(fault, step)
+
     # -- firing ----------------------------------------------------------------------------------
 
     def _due(self, step: int, kinds: tuple[str, ...], at: str = "step") -> list[Fault]:
@@ -163,12 +180,27 @@ class FaultInjector(Callback):
             f.write(json.dumps(record))
         log.warning("fault injection: %s on rank %d at step %d (pid %d)", fault.kind + (
             "" if fault.at == "step" else f"@{fault.at}"), self.rank, step, os.getpid())
-        if fault.kind == "kill":
+        if fault.kind == "corrupt_snapshot":
+            self._corrupt_newest_snapshot()
+        if fault.kind in ("kill", "corrupt_snapshot"):
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault.kind == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif fault.kind == "crash_in_save":
             os.environ[FAULT_CRASH_ENV] = str(step)
+
+    def _corrupt_newest_snapshot(self) -> None:
+        """Flip one byte in the middle of this rank's newest snapshot file on its node."""
+        if self._snapshots is None:
+            raise RuntimeError("corrupt_snapshot needs snapshots (snapshot.enabled) and a step after the first")
+        store = self._snapshots.store
+        path = store.path(self.rank, max(s for s in store.steps() if store.path(self.rank, s).exists()))
+        with open(path, "r+b") as f:
+            f.seek(path.stat().st_size // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        log.warning("fault injection: flipped a byte of %s", path)
 
     def _fired(self) -> set[str]:
         fs, path = datasets.filesystem(self.dir_url)

@@ -41,6 +41,7 @@ from tasks.train.loss_guard import LossGuard, SkippedRange, SkipList, skip_windo
 from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.parallelize import check_model_fits, compute_dtype, materialize, param_counts, parallelize_model
+from tasks.train.snapshot import Snapshotter
 from tasks.train.preemption import StopRequest
 from tasks.train.stragglers import StragglerDetector
 
@@ -233,11 +234,17 @@ class Trainer:
             self.run_dir, cfg.checkpoint, rank=self.rank, world_size=self.world_size,
             config_fingerprint=config_fingerprint(self.model_cfg, cfg.data, fingerprints),
         )
-        self.resumed_from = self.checkpointer.latest_step()
-        if self.resumed_from is not None:
-            self.checkpointer.load(self.app_state, step=self.resumed_from)
-            log.info("resumed from checkpoint step %d (%d tokens seen)", self.state.step, self.state.tokens)
-        elif cfg.init_from:  # a fresh run starts from the folder's weights, each rank reading only its shards
+        self.snapshots = None
+        if cfg.snapshot.active(self.world_size):
+            self.snapshots = Snapshotter(
+                self.run_dir, rank=self.rank, world_size=self.world_size,
+                local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
+                interval_steps=cfg.snapshot.interval_steps, keep=cfg.snapshot.keep, directory=cfg.snapshot.dir,
+                identity={"fingerprint": self.checkpointer.config_fingerprint, "world_size": self.world_size,
+                          "layout": self.dims.describe()})
+        self.resumed_from = self._resume()
+        if self.resumed_from is None and cfg.init_from:
+            # a fresh run starts from the folder's weights, each rank reading only its shards
             hf.load_into(self.model_parts, hf.local_folder(cfg.init_from))
             log.info("initialised the model from %s", cfg.init_from)
 
@@ -263,6 +270,37 @@ class Trainer:
             self.group = goodput.start_group(self.run_dir, time=started_at, resumed_from=self.resumed_from,
                                              world_size=self.world_size,
                                              restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+
+    def _resume(self) -> int | None:
+        """Restore the newest state: a snapshot from memory when every rank has one at least as new as
+        the newest storage checkpoint (snapshot.py), else that checkpoint; the step, or None for a new run."""
+        started = time.time()
+        stored = self.checkpointer.latest_step()
+        restored = None
+        if self.snapshots is not None:
+            restored = self.snapshots.restore(self.app_state, not_before=stored, template=self._live_state)
+        event = None
+        if restored is not None:
+            self.checkpointer.mark_loaded(restored.step)
+            event = {"source": "snapshot", "step": restored.step,
+                     "sources": {str(r): s for r, s in restored.sources.items()}, "refused": restored.refused, "seconds": round(restored.seconds, 3)}
+            log.info("resumed from the in-memory snapshot of step %d (%d tokens seen) in %.2f s",
+                     self.state.step, self.state.tokens, restored.seconds)
+        elif stored is not None:
+            self.checkpointer.load(self.app_state, step=stored)
+            event = {"source": "storage", "step": stored, "seconds": round(time.time() - started, 3),
+                     "refused": self.snapshots.refused if self.snapshots is not None else []}
+            log.info("resumed from checkpoint step %d (%d tokens seen)", self.state.step, self.state.tokens)
+        if event is not None and self.rank == 0:
+            goodput.append_event(self.run_dir, {"event": "restore", "time": time.time(), "world_size": self.world_size,
+                                                **event})
+        return None if event is None else event["step"]
+
+    def _live_state(self) -> dict:
+        """The state dicts as they are, optimizer state initialised (a fresh optimizer has none): the
+        shapes, meshes and placements a snapshot's local shards are loaded into."""
+        self.app_state["model_optim"].init_optimizer_state()
+        return {key: value.state_dict() for key, value in self.app_state.items()}
 
     # -- one step -------------------------------------------------------------------------------
 
@@ -313,7 +351,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         """One optimizer step on the next global batch; returns its metrics record."""
-        start, blocked_before = time.perf_counter(), self.checkpointer.blocked_s
+        start, blocked_before = time.perf_counter(), self._blocked_s()
         inputs, targets = self.loader.next_batch()
         inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
 
@@ -324,11 +362,13 @@ class Trainer:
         local_loss = self.callbacks.on_loss(step, local_loss, self.params)
         grad_norm = clip_grad_norm_(self.params, self.cfg.optim.grad_clip, self.pp_group)
         self.checkpointer.wait_for_staging()  # an in-flight save may still be copying these parameters
+        if self.snapshots is not None:
+            self.snapshots.wait_for_copy()  # and so may the in-flight snapshot
         self.optimizers.step()
         self.callbacks.on_step_end(step, time.perf_counter() - start)
         arrived = time.perf_counter()
         loss = self.global_loss(local_loss)  # the step-end sync point: every rank waits for the slowest here
-        self.stragglers.observe(compute_s=arrived - start - (self.checkpointer.blocked_s - blocked_before),
+        self.stragglers.observe(compute_s=arrived - start - (self._blocked_s() - blocked_before),
                                 wait_s=time.perf_counter() - arrived)
 
         self.state.step = step
@@ -359,7 +399,8 @@ class Trainer:
         while step <= last_step:
             self.callbacks.on_step_start(step, self.checkpointer)
             self.skips.advance(self.loader)
-            iteration_start, blocked_before = time.perf_counter(), self.checkpointer.blocked_s
+            iteration_start, blocked_before = time.perf_counter(), self._blocked_s()
+            snapshot_before = self.snapshots.blocked_s if self.snapshots is not None else 0.0
             record = self.train_step(step)
             if self.stop_request.agreed() and step < last_step:  # SIGUSR1: checkpoint this step and stop
                 log.info("stop requested (SIGUSR1): final checkpoint at step %d", step)
@@ -375,9 +416,15 @@ class Trainer:
                 self.callbacks.on_save_start(step)
                 saved = self.checkpointer.maybe_save(step, self.app_state, meta, force=step == last_step)
                 self.callbacks.on_save_end(step, saved, self.checkpointer)
+                if self.snapshots is not None and self.snapshots.take(step, self.app_state):
+                    self.callbacks.on_snapshot(step, self.snapshots)
             record.update(group=self.group, time=time.time(), iteration_s=time.perf_counter() - iteration_start,
-                          checkpoint_s=self.checkpointer.blocked_s - blocked_before,
+                          checkpoint_s=self._blocked_s() - blocked_before,
                           checkpoint_blocked_s=self.checkpointer.blocked_s)
+            if self.snapshots is not None:
+                record.update(snapshot_s=self.snapshots.blocked_s - snapshot_before,
+                              snapshot_acked=self.snapshots.last_acked,
+                              snapshot_replicated_bytes=self.snapshots.replicated_bytes)
             self.metrics.log(record)
             self.watchdog.beat(step)
             if rejected:
@@ -392,13 +439,21 @@ class Trainer:
             step += 1
         blocked_before = self.checkpointer.blocked_s
         self.watchdog.long_phase()
+        if self.snapshots is not None:
+            self.snapshots.wait()
         self.checkpointer.wait_for_commit()  # the run is done only when its last checkpoint is
+        if self.snapshots is not None and self.state.step >= self.cfg.steps:
+            self.snapshots.discard()  # the final checkpoint is on storage: free the nodes' memory
         summary = self._summary(records, time.perf_counter() - start, first_step,
                                 final_checkpoint_s=self.checkpointer.blocked_s - blocked_before)
         if self.rank == 0:
             with contract.atomic_write(contract.join(self.run_dir, "summary.json"), "w") as f:
                 f.write(json.dumps(summary, indent=2, sort_keys=True))
         return summary
+
+    def _blocked_s(self) -> float:
+        """Seconds training has been blocked by checkpoints and snapshots (both count as checkpointing)."""
+        return self.checkpointer.blocked_s + (self.snapshots.blocked_s if self.snapshots is not None else 0.0)
 
     def _roll_back(self, step: int, reason: str, loss: float) -> int:
         """Reload the newest committed checkpoint and record the skipped samples; returns its step."""
@@ -411,6 +466,8 @@ class Trainer:
             raise RuntimeError(f"loss guard: {reason} at step {step} and no checkpoint to roll back to; samples "
                                f"[{start}, {end}) are recorded as skipped, so the restarted run trains without them "
                                "(lower checkpoint.interval_steps to roll back without a restart)")
+        if self.snapshots is not None:
+            self.snapshots.drop_after(target)  # the steps after target are abandoned: never restore them
         self.checkpointer.load(self.app_state, step=target)
         start, end = skip_window(end, self.loader.samples_consumed, self.cfg.loss_guard.skip_batches,
                                  self.batch.global_batch)
@@ -450,6 +507,8 @@ class Trainer:
 
     def close(self) -> None:
         self.stop_request.close()
+        if self.snapshots is not None:
+            self.snapshots.close()
         self.checkpointer.close()
         self.loader.close()
         self.metrics.close()

@@ -100,7 +100,8 @@ KILLS = "kill:rank=1,step=4;kill:rank=0,step=6,at=save;kill:rank=1,step=8,at=sav
 @pytest.fixture(scope="module")
 def killed(corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("killed")
-    result, _ = launch(corpus, run_dir, config(KILLS), max_restarts=4)
+    # The storage path, on its own: with snapshots (test_snapshot.py) every restart here would resume from memory.
+    result, _ = launch(corpus, run_dir, config(KILLS, snapshot={"enabled": "off"}), max_restarts=4)
     return run_dir, result
 
 
