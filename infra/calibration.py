@@ -26,8 +26,9 @@ LLAMA3_70B_GPU_HOURS = 6.4e6
 
 
 def _llama3_inputs(gpus: int, **failures) -> PlanInputs:
+    """Llama 3's run recovered from storage checkpoints (its §3.3.4), so the storage recovery mode."""
     return PlanInputs(model="405b", tokens=15.6e12, gpus=gpus, gpu=gpu("h100"), global_batch_tokens=2**24,
-                      failures=FailureAssumptions(storage_gbps=2000.0, **failures))
+                      failures=FailureAssumptions(storage_gbps=2000.0, recovery="storage", **failures))
 
 
 def _published_layout(inputs: PlanInputs) -> Layout:

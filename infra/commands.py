@@ -21,7 +21,9 @@ from infra.launch.job import launch_command
 from infra.layout import parse_layout, trainer_gaps
 from infra.memory import GB, MemoryAssumptions
 from infra.models import parse_model_set
-from infra.planner import Plan, PlanInputs, SensitivityRow, plan, sensitivity, to_dict
+from infra.planner import ModeRow, Plan, PlanInputs, SensitivityRow, plan, recovery_modes, sensitivity, to_dict
+from infra.recovery import DEFAULT_RECOVERY, NOT_IN_SMELT, RECOVERY_MODES, describe
+from infra.recovery_figures import DETECTION_S, PROCESS_GROUP_INIT_S
 from infra.reliability import LLAMA3_MTBF_GPU_HOURS, FailureAssumptions
 from infra.simulate import DISTRIBUTIONS, RunModel, percentiles, simulate
 from infra.simulate import plot as plot_simulation
@@ -46,7 +48,17 @@ EffOpt = Annotated[Optional[float], typer.Option(
     "--efficiency", help="Fraction of peak the math reaches (default: the GPU's calibrated value).")]
 MtbfOpt = Annotated[float, typer.Option(help="Mean GPU-hours between job-stopping failures, per GPU "
                                              "(default from Llama 3: 419 in 54 days on 16,384 GPUs).")]
-RestartOpt = Annotated[float, typer.Option(help="Minutes to detect, replace and relaunch after a failure.")]
+RestartOpt = Annotated[float, typer.Option(
+    help="Minutes of a full relaunch after a failure: detect, replace the node, restart every rank, rendezvous "
+         "(storage and snapshot recovery; in-process only when no spare node is free).")]
+RecoveryOpt = Annotated[str, typer.Option(
+    help="How the trainer comes back from a failure: storage (relaunch, load the storage checkpoint), snapshot "
+         "(relaunch, restore the last step from a peer's memory: what smelt's trainer does), or in-process (keep "
+         f"the healthy ranks; {NOT_IN_SMELT}). infra/recovery.py")]
+DetectionOpt = Annotated[float, typer.Option(
+    "--detection-seconds", help="Mean seconds from a failure to the job knowing (infra/recovery_figures.py).")]
+PgInitOpt = Annotated[float, typer.Option(
+    "--process-group-init-seconds", help="Seconds to build the NCCL process groups again at this scale.")]
 PlannedOpt = Annotated[float, typer.Option(help="Planned maintenance restarts per day.")]
 StorageOpt = Annotated[float, typer.Option(help="Aggregate checkpoint storage bandwidth, GB/s.")]
 GpuSetOpt = Annotated[Optional[list[str]], typer.Option(
@@ -83,7 +95,9 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
             gpu_set: Optional[list[str]], pp_schedules: str, precision: str = "bf16",
             model_set: Optional[list[str]] = None, model_config: Optional[Path] = None,
             compile: bool = False, stack: str = "smelt",
-            memory_headroom: float = MemoryAssumptions().headroom) -> PlanInputs:
+            memory_headroom: float = MemoryAssumptions().headroom, recovery: str = DEFAULT_RECOVERY,
+            detection_seconds: float = DETECTION_S.value,
+            process_group_init_seconds: float = PROCESS_GROUP_INIT_S.value) -> PlanInputs:
     """Validate the options into PlanInputs; every user mistake becomes typer.BadParameter."""
     try:
         overrides = parse_overrides(gpu_set or [])
@@ -95,6 +109,9 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
     if stack != "smelt" and stack not in STACKS:
         raise typer.BadParameter(f"unknown stack {stack!r}; choose smelt or one of {', '.join(STACKS)}",
                                  param_hint="--stack")
+    if recovery not in RECOVERY_MODES:
+        raise typer.BadParameter(f"unknown recovery {recovery!r}; choose one of {', '.join(RECOVERY_MODES)}",
+                                 param_hint="--recovery")
     if not 0 <= memory_headroom < 1:
         raise typer.BadParameter(f"must be in [0, 1), got {memory_headroom}", param_hint="--memory-headroom")
     if stack != "smelt" and compile:
@@ -117,7 +134,8 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
                 raise typer.BadParameter(f"stack {stack} has no ZBVZeroBubble schedule; choose 1F1B or "
                                          "Interleaved1F1B", param_hint="--pp-schedules")
         failures = FailureAssumptions(mtbf_gpu_hours=mtbf_gpu_hours, restart_minutes=restart_minutes,
-                                      planned_per_day=planned_per_day, storage_gbps=storage_gbps)
+                                      planned_per_day=planned_per_day, storage_gbps=storage_gbps, recovery=recovery,
+                                      detection_s=detection_seconds, process_group_init_s=process_group_init_seconds)
         return PlanInputs(model=model, tokens=tokens, gpus=gpus, gpu=device, days=days, budget=budget,
                           seq_len=seq_len, global_batch_tokens=global_batch_tokens, vocab_size=vocab_size,
                           model_sets=tuple(parse_model_set(model_set or []).items()), hf_config=model_config,
@@ -138,7 +156,8 @@ def plan_command(
     pp_schedules: SchedulesOpt = ALL_SCHEDULES, json_out: JsonOpt = False, layout: LayoutOpt = None,
     precision: PrecisionOpt = "bf16", model_set: ModelSetOpt = None, model_config: ModelConfigOpt = None,
     validate: ValidateOpt = False, compile: CompileOpt = False, stack: StackOpt = "smelt",
-    memory_headroom: HeadroomOpt = MemoryAssumptions().headroom,
+    memory_headroom: HeadroomOpt = MemoryAssumptions().headroom, recovery: RecoveryOpt = DEFAULT_RECOVERY,
+    detection_seconds: DetectionOpt = DETECTION_S.value, process_group_init_seconds: PgInitOpt = PROCESS_GROUP_INIT_S.value,
 ) -> None:
     """Pick the fastest 3D layout that fits (or score --layout), and say whether the run meets the deadline
     and the budget."""
@@ -148,7 +167,8 @@ def plan_command(
         return
     inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
                      efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set,
-                     pp_schedules, precision, model_set, model_config, compile, stack, memory_headroom)
+                     pp_schedules, precision, model_set, model_config, compile, stack, memory_headroom, recovery,
+                     detection_seconds, process_group_init_seconds)
     given = None
     if layout:
         try:
@@ -165,10 +185,11 @@ def plan_command(
     error = (errors["held_out_mean_abs_error"] if inputs.smelt_trainer
              else errors["per_system_mean_abs_error"][STACKS[stack].system_name])
     rows = sensitivity(result, planner_error=error)
+    modes = recovery_modes(result)
     if json_out:
-        print(json.dumps(to_dict(result, rows)))
+        print(json.dumps(to_dict(result, rows, modes)))
         return
-    render_plan(result, rows, Console())
+    render_plan(result, rows, Console(), modes)
 
 
 def simulate_command(
@@ -183,7 +204,7 @@ def simulate_command(
     distribution: Annotated[str, typer.Option(help="Time between failures: exponential or weibull.")] = "exponential",
     weibull_shape: Annotated[float, typer.Option(help="Weibull shape (< 1: failures cluster).")] = 0.7,
     plot: Annotated[Optional[Path], typer.Option(help="Write histograms of days, cost, interruptions to this PNG.")] = None,
-    json_out: JsonOpt = False,
+    json_out: JsonOpt = False, recovery: RecoveryOpt = DEFAULT_RECOVERY,
 ) -> None:
     """Plan, then replay the run many times with random failures: the spread of days, dollars, interruptions."""
     if distribution not in DISTRIBUTIONS:
@@ -192,7 +213,7 @@ def simulate_command(
         raise typer.BadParameter("--runs must be ≥ 1 and --weibull-shape > 0")
     inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
                      efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set,
-                     pp_schedules)
+                     pp_schedules, recovery=recovery)
     result = plan(inputs)
     summary = simulation_summary(result, runs, seed, distribution, weibull_shape, plot)
     if json_out:
@@ -204,15 +225,17 @@ def simulate_command(
 def simulation_summary(result: Plan, runs: int, seed: int, distribution: str, weibull_shape: float,
                        plot: Optional[Path]) -> dict:
     """The JSON answer of `smelt simulate`: verdict keys from the median run, then the distributions."""
-    out = {k: v for k, v in to_dict(result).items() if k in ("layout", "mfu", "checkpoint_interval_min", "inputs")}
+    out = {k: v for k, v in to_dict(result).items()
+           if k in ("layout", "mfu", "checkpoint_interval_min", "inputs", "recovery")}
     best = result.best
     if best is None:
         return {**out, "feasible": False, "days": None, "gpu_hours": None, "cost_usd": None, "goodput": None,
                 "reasons": result.reasons()}
     r, i = best.reliability, result.inputs
     train_s = i.tokens / best.step.tokens_per_s
-    model = RunModel(work_s=train_s, interval_s=r.interval_s, blocking_s=r.checkpoint.blocking_s,
-                     commit_s=r.checkpoint.commit_s, restart_s=r.restart_s, mtbf_s=r.mtbf_s,
+    interval, blocking, commit = r.recovery_point  # snapshot modes: the per-step snapshots (disasters not replayed)
+    model = RunModel(work_s=train_s, interval_s=interval, blocking_s=blocking,
+                     commit_s=commit, restart_s=r.restart_s, mtbf_s=r.mtbf_s,
                      planned_per_s=r.planned_per_s, distribution=distribution, weibull_shape=weibull_shape)
     sim = simulate(model, runs=runs, seed=seed)
     gpus_paid = best.layout.world + r.spare_gpus
@@ -262,12 +285,14 @@ def _count(x: float) -> str:
     return f"{x:,.0f}"
 
 
-def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> None:
+def render_plan(result: Plan, rows: list[SensitivityRow], console: Console, modes: list[ModeRow] | None = None) -> None:
     i, best = result.inputs, result.best
     console.print(f"[bold]smelt plan[/bold]: {i.model} on {i.gpus:,} × {i.gpu.label}, {_count(i.tokens)} tokens, "
                   f"deadline {i.days:g} days, budget {_money(i.budget)} at ${i.gpu.price_per_hour:.2f}/GPU-hour")
     verdict = "[green]FEASIBLE[/green]" if result.feasible else "[red]NOT FEASIBLE[/red]"
     console.print(f"verdict: {verdict}" + "".join(f"\n  - {reason}" for reason in result.reasons()))
+    console.print(f"recovery: {describe(i.failures.recovery)}" + (" (what smelt's trainer does)"
+                                                                  if i.failures.recovery == "snapshot" else ""))
     flips = [row for row in rows if row.factor == "planner error" and row.feasible != result.feasible]
     if flips:
         console.print(f"  [yellow]the verdict flips at {', '.join(row.setting for row in flips)}: within the "
@@ -331,16 +356,40 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console) -> N
         t.add_row(PART_LABELS[key], f"{value:.3f}", f"{value / best.step.total:.1%}")
     console.print(t)
 
-    t = _table("Failures and checkpoints", "", "value")
+    t = _table(f"Failures and checkpoints (recovery: {describe(r.recovery)})", "", "value")
     t.add_row("cluster MTBF", f"{r.mtbf_s / 3600:.1f} h")
+    if r.snapshot is not None:
+        snap = r.snapshot
+        t.add_row("snapshot (host memory + a peer node)", f"every {snap.interval_s:.2f} s, "
+                                                          f"{snap.bytes_per_rank / GB:.2f} GB/rank")
+        t.add_row("snapshot copy / acknowledged after", f"{snap.copy_s:.2f} s / {snap.commit_s:.2f} s")
+        t.add_row("step blocked by snapshots", f"{snap.blocking_s:.2f} s ({snap.blocking_s / snap.interval_s:.1%})")
+        t.add_row("disaster: a node + its replica lost", f"p = {r.disaster_probability:.1e} per failure")
+    kind = "storage checkpoint interval (Daly" + (")" if r.snapshot is None else " vs disasters)")
     t.add_row("checkpoint size", f"{r.checkpoint.size_bytes / GB:,.0f} GB")
     t.add_row("save blocks / commits after", f"{r.checkpoint.blocking_s:.1f} s / {r.checkpoint.commit_s:.1f} s")
-    t.add_row("checkpoint interval (Daly)", f"{r.interval_s / 60:.1f} min = {r.interval_steps} steps")
-    t.add_row("restart (incl. load)", f"{r.restart_s / 60:.1f} min")
+    t.add_row(kind, f"{r.interval_s / 60:,.1f} min = {r.interval_steps:,} steps")
+    t.add_row("restart", f"{r.restart_s / 60:.1f} min")
+    t.add_row("lost per failure", f"{r.lost_per_failure_s / 60:.1f} min")
+    for part in r.parts:
+        t.add_row(f"  {part.name}", f"{part.seconds:,.1f} s")
     t.add_row("expected interruptions", f"{r.interruptions(best.wall_s):.0f}")
     t.add_row("goodput", f"{r.goodput:.1%}")
     t.add_row("spare GPUs", f"{r.spare_gpus}")
     console.print(t)
+    console.print(f"recovery: {describe(r.recovery)}; decided by " + ", ".join(
+        f"{p.name} ({p.seconds:,.0f} s)" for p in r.deciding()) + " per failure (sources: infra/recovery_figures.py)",
+        soft_wrap=True)
+
+    if modes:
+        t = _table("Recovery modes, same layout (storage: smelt before snapshots)", "mode", "restart min",
+                   "lost min", "goodput", "days", "cost", "feasible")
+        t.columns[0].no_wrap = False
+        for m in modes:
+            t.add_row(describe(m.mode) + (" (this plan)" if m.mode == r.recovery else ""), f"{m.restart_s / 60:.1f}",
+                      f"{m.lost_per_failure_s / 60:.1f}", f"{m.goodput:.1%}", f"{m.days:.1f}", _money(m.cost),
+                      "yes" if m.feasible else "no")
+        console.print(t)
 
     t = _table("Sensitivity (GPU count and schedules re-plan; the rest keep the layout)", "factor", "setting", "days",
                "cost", "feasible")
@@ -366,8 +415,8 @@ def render_simulation(result: Plan, summary: dict, console: Console) -> None:
     if result.best is None:
         console.print("[red]no layout fits[/red]: " + "; ".join(summary["reasons"]))
         return
-    console.print(f"layout {summary['layout']}, MFU {summary['mfu']:.1%}, checkpoint every "
-                  f"{summary['checkpoint_interval_min']:.1f} min")
+    console.print(f"layout {summary['layout']}, MFU {summary['mfu']:.1%}, recovery {summary['recovery']}, storage "
+                  f"checkpoint every {summary['checkpoint_interval_min']:.1f} min")
     t = _table("Distribution over runs", "", "p10", "p50", "p90", "mean", "closed form")
     d, c, n = summary["days_dist"], summary["cost_usd_dist"], summary["interruptions_dist"]
     cf = summary["closed_form"]

@@ -18,7 +18,9 @@ from infra.layout import AC_MODES, PRECISIONS, TRAINER_SCHEDULES, Layout, ModelS
     even_interleavings, trainer_gaps
 from infra.memory import GB, MemoryAssumptions, MemoryBreakdown, memory_per_rank
 from infra.models import model_config
-from infra.reliability import FailureAssumptions, Reliability, plan_reliability
+from infra.recovery import RECOVERY_MODES, describe
+from infra.recovery_figures import USED as RECOVERY_FIGURES
+from infra.reliability import LLAMA3_MTBF_GPU_HOURS, FailureAssumptions, Reliability, cluster_mtbf_s, plan_reliability
 from infra.timing import PART_LABELS, StepTime, TimingAssumptions, step_time
 from tasks.model_config import ModelConfig
 
@@ -307,9 +309,20 @@ def sensitivity(result: Plan, planner_error: float | None = None) -> list[Sensit
     for scale in (0.5, 2.0):
         row("MTBF per GPU", f"{f.mtbf_gpu_hours * scale:,.0f} h",
             dataclasses.replace(i, failures=dataclasses.replace(f, mtbf_gpu_hours=f.mtbf_gpu_hours * scale)), False)
+    # the seed's "breaks every few hours": 2 h (Meta measured 1.8 h at 16K GPUs) and 3 h, beside Llama 3's rate
+    llama_h = cluster_mtbf_s(i.gpus, LLAMA3_MTBF_GPU_HOURS) / 3600
+    for hours, per_gpu, note in ((2.0, 2.0 * i.gpus, ""), (3.0, 3.0 * i.gpus, ""),
+                                 (llama_h, LLAMA3_MTBF_GPU_HOURS, ", Llama 3's rate")):
+        row("cluster MTBF", f"{hours:.1f} h ({per_gpu:,.0f} GPU-h per GPU{note})",
+            dataclasses.replace(i, failures=dataclasses.replace(f, mtbf_gpu_hours=per_gpu)), False)
     for scale in (0.5, 2.0):
         row("restart time", f"{f.restart_minutes * scale:g} min",
             dataclasses.replace(i, failures=dataclasses.replace(f, restart_minutes=f.restart_minutes * scale)), False)
+    if f.recovery == "in-process":  # its restart is mostly the process group's rebuild
+        for scale in (0.5, 2.0):
+            row("process-group init", f"{f.process_group_init_s * scale:g} s",
+                dataclasses.replace(i, failures=dataclasses.replace(
+                    f, process_group_init_s=f.process_group_init_s * scale)), False)
     for scale in (0.8, 1.2):
         gpu = dataclasses.replace(i.gpu, price_per_hour=i.gpu.price_per_hour * scale)
         row("price", f"${gpu.price_per_hour:.2f}/GPU-h", dataclasses.replace(i, gpu=gpu), False)
@@ -338,7 +351,57 @@ def sensitivity(result: Plan, planner_error: float | None = None) -> list[Sensit
     return rows
 
 
-def to_dict(result: Plan, rows: list[SensitivityRow] | None = None) -> dict:
+@dataclass(frozen=True)
+class ModeRow:
+    """The chosen layout under one recovery mode (infra/recovery.py)."""
+
+    mode: str
+    in_smelt: bool
+    goodput: float
+    restart_s: float
+    lost_per_failure_s: float
+    days: float
+    cost: float
+    feasible: bool
+
+
+def recovery_modes(result: Plan) -> list[ModeRow]:
+    """The chosen layout under every recovery mode, for comparison (storage: smelt before snapshots)."""
+    i, rows = result.inputs, []
+    if not result.best:
+        return rows
+    for mode in RECOVERY_MODES:
+        inputs = dataclasses.replace(i, failures=dataclasses.replace(i.failures, recovery=mode))
+        c = evaluate(inputs, result.best.layout, trainer_only=i.smelt_trainer and not result.given)
+        if isinstance(c, Candidate):
+            r = c.reliability
+            rows.append(ModeRow(mode, r.in_smelt, r.goodput, r.restart_s, r.lost_per_failure_s, c.days, c.cost,
+                                c.days <= i.days and c.cost <= i.budget))
+    return rows
+
+
+def recovery_dict(r: Reliability) -> dict:
+    """The recovery mode, what a failure costs by reason, and the figures behind it (with their sources)."""
+    snap = r.snapshot
+    return {
+        "mode": r.recovery,
+        "label": describe(r.recovery),
+        "in_smelt": r.in_smelt,
+        "restart_s": round(r.restart_s, 2),
+        "lost_per_failure_min": round(r.lost_per_failure_s / 60, 2),
+        "deciding": [p.name for p in r.deciding()],
+        "lost_per_failure_s": [{"part": p.name, "seconds": round(p.seconds, 3), "source": p.source} for p in r.parts],
+        "snapshot": None if snap is None else {
+            "interval_s": round(snap.interval_s, 3), "gb_per_rank": round(snap.bytes_per_rank / GB, 3),
+            "copy_s": round(snap.copy_s, 4), "replicate_s": round(snap.replicate_s, 4),
+            "blocking_s": round(snap.blocking_s, 4), "blocking_share_of_step": round(snap.blocking_s / snap.interval_s, 5),
+            "commit_s": round(snap.commit_s, 4), "restore_s": round(snap.restore_s, 4)},
+        "disaster_probability": r.disaster_probability,
+        "figures": {name: dataclasses.asdict(fig) for name, fig in RECOVERY_FIGURES.items()},
+    }
+
+
+def to_dict(result: Plan, rows: list[SensitivityRow] | None = None, modes: list[ModeRow] | None = None) -> dict:
     """The JSON answer: the verdict keys first, then every breakdown."""
     i, best = result.inputs, result.best
     out = {
@@ -350,6 +413,7 @@ def to_dict(result: Plan, rows: list[SensitivityRow] | None = None) -> dict:
         "cost_usd": round(best.cost) if best else None,
         "checkpoint_interval_min": round(best.reliability.interval_s / 60, 2) if best else None,
         "goodput": round(best.reliability.goodput, 4) if best else None,
+        "recovery": describe(i.failures.recovery),
         "reasons": result.reasons(),
         "tokens_per_s_per_gpu": round(best.step.tokens_per_s / best.layout.world, 1) if best else None,
         "mfu_basis": f"model FLOPs (6N + 12·L·H·Q·T) over the dense bf16 peak, {i.gpu.peak_tflops:g} TFLOP/s per "
@@ -388,10 +452,13 @@ def to_dict(result: Plan, rows: list[SensitivityRow] | None = None) -> dict:
             "restart_min": round(r.restart_s / 60, 2),
             "expected_interruptions": round(r.interruptions(best.wall_s), 1),
             "spare_gpus": r.spare_gpus,
+            "recovery_model": recovery_dict(r),
             "break_even_price": round(result.break_even_price, 3),
             "runners_up": [{"layout": c.layout.name, "days": round(c.days, 2), "mfu": round(c.step.mfu, 4),
                             "why": why} for c, why in result.runners_up],
         })
     if rows is not None:
         out["sensitivity"] = [dataclasses.asdict(r) for r in rows]
+    if modes is not None:
+        out["recovery_modes"] = [{**dataclasses.asdict(m), "label": describe(m.mode)} for m in modes]
     return out

@@ -23,7 +23,8 @@ def test_plan_json_is_one_object_with_the_verdict_keys():
     out = json.loads(result.stdout)
     for key in ("feasible", "layout", "mfu", "days", "gpu_hours", "cost_usd", "checkpoint_interval_min", "goodput"):
         assert key in out
-    assert out["inputs"]["gpus"] == 4096 and out["inputs"]["gpu"] == "h100" and len(out["sensitivity"]) == 14
+    # 14 rows before recovery modes, plus cluster MTBF at 2 h, 3 h and Llama 3's rate
+    assert out["inputs"]["gpus"] == 4096 and out["inputs"]["gpu"] == "h100" and len(out["sensitivity"]) == 17
     errors = [row for row in out["sensitivity"] if row["factor"] == "planner error"]
     error = summary(table())["held_out_mean_abs_error"]  # the validation's held-out mean
     assert [row["setting"] for row in errors] == [f"step {-error:+.1%}", f"step {error:+.1%}"]
@@ -201,3 +202,50 @@ def test_a_stack_searches_the_layouts_its_system_offers_with_its_own_model():
     foundry = json.loads(runner.invoke(app, ["plan", "--stack", "llm-foundry", "--global-batch-tokens",
                                              str(2**25), "--json"]).stdout)
     assert foundry["layout"].startswith("tp1·pp1·fsdp4096·zero")
+
+
+SEED = ["plan", "--model", "70b", "--tokens", "15e12", "--gpus", "4096", "--gpu", "h100", "--days", "60",
+        "--budget", "11e6", "--json"]
+
+
+def test_plan_recovery_storage_reproduces_the_seed_plan_before_recovery_modes():
+    """The figures `smelt plan ... --mtbf-gpu-hours 8192` printed before snapshots (issue 40's table)."""
+    out = json.loads(runner.invoke(app, [*SEED, "--mtbf-gpu-hours", "8192", "--recovery", "storage"]).stdout)
+    assert out["layout"] == "tp2·pp1·fsdp2048·zero3·mb1·ac-full" and out["recovery"] == "storage"
+    assert (out["goodput"], out["days"], out["cost_usd"], out["feasible"]) == (0.8858, 59.27, 12472391, False)
+
+
+def test_plan_names_its_recovery_mode_the_figures_that_decide_it_and_compares_the_others():
+    out = json.loads(runner.invoke(app, [*SEED, "--mtbf-gpu-hours", "8192"]).stdout)
+    model = out["recovery_model"]
+    assert out["recovery"] == "snapshot" and model["in_smelt"] and len(model["deciding"]) == 3
+    assert model["snapshot"]["blocking_share_of_step"] < 0.02 and model["figures"]["process_group_init_s"]["source"]
+    assert sum(p["seconds"] for p in model["lost_per_failure_s"]) == pytest.approx(model["lost_per_failure_min"] * 60,
+                                                                                   abs=1)
+    modes = {m["mode"]: m for m in out["recovery_modes"]}
+    assert modes["storage"]["goodput"] < modes["snapshot"]["goodput"] < modes["in-process"]["goodput"]
+    assert modes["snapshot"]["goodput"] == pytest.approx(out["goodput"], abs=1e-4)
+    assert not modes["in-process"]["in_smelt"] and "not yet in smelt's trainer" in modes["in-process"]["label"]
+
+
+def test_in_process_is_marked_as_not_in_smelts_trainer_in_text_and_json():
+    text = runner.invoke(app, ["plan", "--mtbf-gpu-hours", "8192", "--recovery", "in-process"]).stdout
+    assert "recovery: in-process (not yet in smelt's trainer)" in " ".join(text.split())
+    out = json.loads(runner.invoke(app, [*SEED, "--recovery", "in-process"]).stdout)
+    assert out["recovery"] == "in-process (not yet in smelt's trainer)" and not out["recovery_model"]["in_smelt"]
+    assert out["recovery_model"]["deciding"][0] == "process-group (NCCL) init"
+    assert [r["factor"] for r in out["sensitivity"]].count("process-group init") == 2
+
+
+def test_sensitivity_always_has_cluster_mtbf_rows_of_2_and_3_hours_beside_llama_3s_rate():
+    out = json.loads(runner.invoke(app, [*SEED, "--mtbf-gpu-hours", "8192"]).stdout)
+    rows = [r for r in out["sensitivity"] if r["factor"] == "cluster MTBF"]
+    assert [r["setting"].split(" (")[0] for r in rows] == ["2.0 h", "3.0 h", "12.4 h"]
+    assert "Llama 3" in rows[2]["setting"] and rows[0]["days"] == pytest.approx(out["days"], abs=0.01)
+    assert rows[0]["days"] > rows[1]["days"] > rows[2]["days"]
+
+
+def test_unknown_recovery_mode_exits_2():
+    result = runner.invoke(app, ["plan", "--recovery", "live-migration"])
+    flat = " ".join(result.output.replace("│", " ").split())  # rich wraps the error box
+    assert result.exit_code == 2 and "choose one of storage, snapshot, in-process" in flat, result.output

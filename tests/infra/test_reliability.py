@@ -78,3 +78,61 @@ def test_bad_failure_assumptions_are_rejected():
         FailureAssumptions(mtbf_gpu_hours=0)
     with pytest.raises(ValueError, match="spare_confidence"):
         FailureAssumptions(spare_confidence=1.0)
+
+
+QUESTION_LAYOUT = Layout(tp=2, pp=1, dp_replicate=1, dp_shard=2048, zero=3, micro_batch=1)  # the seed plan's
+PARAMS_70B = 70_553_706_496
+
+
+def test_storage_mode_is_the_model_before_recovery_modes():
+    """Full relaunch (10 min) + load; the Daly interval against every failure, 5-30 minutes for the seed plan."""
+    a = FailureAssumptions(recovery="storage")  # Llama 3's rate: 12.4 h cluster MTBF
+    r = plan_reliability(4096, PARAMS_70B, QUESTION_LAYOUT, gpu("h100"), 5.073, a)
+    ckpt, mtbf = checkpoint_cost(PARAMS_70B, QUESTION_LAYOUT, gpu("h100"), a), cluster_mtbf_s(4096, a.mtbf_gpu_hours)
+    steps = max(1, round(daly_interval(ckpt.blocking_s, mtbf) / 5.073), math.ceil((ckpt.commit_s - ckpt.blocking_s) / 5.073))
+    assert r.restart_s == 600 + ckpt.load_s and r.interval_steps == steps and 5 * 60 < r.interval_s < 30 * 60
+    assert r.goodput == goodput(steps * 5.073, ckpt.blocking_s, ckpt.commit_s, 600 + ckpt.load_s, mtbf)
+    assert r.snapshot is None and r.recovery_point == (r.interval_s, ckpt.blocking_s, ckpt.commit_s)
+    assert r.lost_per_failure_s == pytest.approx(mtbf * (1 / r.goodput - 1))  # the parts add up
+
+
+def test_zero_cost_snapshots_lose_half_a_step_per_failure_and_never_more_than_one():
+    step, m = 5.0, 2 * 3600.0
+    assert goodput(step, 0, 0, 0, m) == pytest.approx(1 - step / (2 * m), rel=1e-6)
+    free = FailureAssumptions(recovery="snapshot", mtbf_gpu_hours=8192, restart_minutes=0, detection_s=0,
+                              process_group_init_s=0)
+    r = plan_reliability(4096, PARAMS_70B, QUESTION_LAYOUT, gpu("h100"), step, free)
+    blocking = r.snapshot.blocking_s / step  # the step's share spent copying the snapshot (upper bound)
+    assert r.restart_s == pytest.approx(r.snapshot.restore_s)  # nothing but the restore from a peer
+    assert 1 - step / r.mtbf_s - blocking - 1e-4 < r.goodput < 1 - step / (2 * r.mtbf_s) - blocking + 1e-4
+
+
+def test_snapshot_mode_relaunches_restores_from_a_peer_and_keeps_storage_for_disasters():
+    a = FailureAssumptions(recovery="snapshot", mtbf_gpu_hours=8192)
+    r = plan_reliability(4096, PARAMS_70B, QUESTION_LAYOUT, gpu("h100"), 5.073, a)
+    assert r.restart_s == pytest.approx(600 + r.snapshot.restore_s) and r.snapshot.interval_s == 5.073
+    p = r.disaster_probability
+    assert p == pytest.approx(-math.expm1(-(r.restart_s + r.snapshot.commit_s) * 8 / (8192 * 3600)))
+    ckpt = r.checkpoint
+    assert r.interval_steps == round(daly_interval(ckpt.blocking_s, r.mtbf_s / p) / 5.073)  # hours apart
+    storage = plan_reliability(4096, PARAMS_70B, QUESTION_LAYOUT, gpu("h100"), 5.073,
+                               FailureAssumptions(recovery="storage", mtbf_gpu_hours=8192))
+    assert storage.goodput < r.goodput < math.exp(-600 / r.mtbf_s)  # still a 10-minute relaunch per failure
+    assert r.deciding(1)[0].name == "relaunch rest, unsourced"
+
+
+def test_in_process_restart_skips_the_relaunch():
+    a = FailureAssumptions(recovery="in-process", mtbf_gpu_hours=8192)
+    r = plan_reliability(4096, PARAMS_70B, QUESTION_LAYOUT, gpu("h100"), 5.073, a)
+    after = ("snapshot blocking", "work redone + failed restarts", "storage saves + disasters")
+    restart_parts = [p for p in r.parts if p.name not in after]
+    assert r.restart_s == pytest.approx(sum(p.seconds for p in restart_parts)) and r.restart_s < 300
+    assert not r.in_smelt and r.deciding(1)[0].name == "process-group (NCCL) init"
+    snapshot = plan_reliability(4096, PARAMS_70B, QUESTION_LAYOUT, gpu("h100"), 5.073,
+                                FailureAssumptions(recovery="snapshot", mtbf_gpu_hours=8192))
+    assert r.goodput > snapshot.goodput
+
+
+def test_unknown_recovery_mode_is_rejected():
+    with pytest.raises(ValueError, match="choose one of storage, snapshot, in-process"):
+        FailureAssumptions(recovery="live-migration")
