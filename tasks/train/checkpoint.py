@@ -341,6 +341,12 @@ class CheckpointManager:
                 self._stager = None
             self._committer.shutdown(wait=True)
 
+    def abandon(self) -> None:
+        """Stop without waiting for the in-flight save: a peer failed, so its commit can only fail (the
+        step stays uncommitted, and a later save of it rewrites it)."""
+        self._pending = None
+        self._committer.shutdown(wait=False, cancel_futures=True)
+
     def _due(self, step: int, force: bool) -> bool:
         if step == self._last_step:
             return False

@@ -4,6 +4,9 @@
         --run-dir URL [--set key=value ...]
     python -m tasks.train.main --config FILE.toml --data URL --dry-run --nproc 8
 
+``--spare`` (smelt's node agent, tasks/train/agent.py): import everything, wait on stdin for this
+process's rank, then train in generations, rejoining in process when a peer fails.
+
 ``--config`` is a train config (TOML or JSON, any fsspec URL) or a run config whose ``[train]``
 section is used. ``--set optim.lr=3e-4`` overrides one key. A user mistake exits with status 2
 and one line saying what to fix; anything else is a crash with its traceback.
@@ -43,11 +46,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="override one config key, e.g. --set optim.lr=3e-4 (repeatable)")
     parser.add_argument("--dry-run", action="store_true", help="print the layout, memory and batch walk as JSON")
     parser.add_argument("--nproc", type=int, default=1, help="world size to describe with --dry-run")
+    parser.add_argument("--spare", action="store_true",
+                        help="a warm spare of smelt's node agent: wait on stdin for a rank (tasks/train/agent.py)")
     args = parser.parse_args(argv)
-    _setup_logging()
 
     from tasks.train.launch import preflight  # torch import: after argument errors
     from tasks.train.trainer import Trainer
+
+    if args.spare:
+        from tasks.train import agent
+
+        agent.wait_for_assignment()
+    _setup_logging()
 
     try:
         cfg = load(TrainConfig, args.config, args.overrides, section="train")
@@ -57,12 +67,35 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.run_dir:
             raise ConfigError("--run-dir is required to train")
+        if args.spare:
+            return _train_in_generations(cfg, sources, args.run_dir)
         trainer = Trainer(cfg, sources, args.run_dir)
     except (ConfigError, ValueError, contract.DatasetError) as e:
         log.error("%s", e)
         return 2
     with trainer:
         trainer.train()
+    return 0
+
+
+def _train_in_generations(cfg, sources: dict[str, str], run_dir: str) -> int:
+    """Under smelt's agent: rebuild the trainer in this process after a peer fails (agent.run_rank)."""
+    import torch
+
+    from tasks.train import agent
+    from tasks.train.trainer import Trainer
+
+    def build_and_train() -> None:
+        trainer = Trainer(cfg, sources, run_dir)
+        try:
+            trainer.train()
+        except BaseException:
+            trainer.abort()
+            raise
+        trainer.close()
+
+    agent.run_rank(build_and_train, backend="nccl" if torch.cuda.is_available() else "gloo",
+                   timeout_s=cfg.watchdog.collective_timeout_s, rejoin_timeout_s=cfg.watchdog.hang_timeout_s)
     return 0
 
 

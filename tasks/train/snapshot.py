@@ -369,6 +369,11 @@ class Snapshotter:
         finally:
             self._worker.shutdown(wait=True)
 
+    def abandon(self) -> None:
+        """Stop without waiting: a peer failed, so an in-flight replication can only fail."""
+        self._copied.set()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
     def _finish(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:

@@ -143,6 +143,11 @@ def _pick_device() -> torch.device:
     return torch.device("cpu")
 
 
+def restart_count() -> int:
+    """Restarts of this job so far: torchrun's restart count, or the generation under smelt's agent."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SMELT_GEN") or 0)
+
+
 # -- the trainer -----------------------------------------------------------------------------------------
 
 
@@ -269,7 +274,7 @@ class Trainer:
         if self.rank == 0:
             self.group = goodput.start_group(self.run_dir, time=started_at, resumed_from=self.resumed_from,
                                              world_size=self.world_size,
-                                             restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+                                             restart_count=restart_count())
 
     def _resume(self) -> int | None:
         """Restore the newest state: a snapshot from memory when every rank has one at least as new as
@@ -486,7 +491,7 @@ class Trainer:
             "steps": self.state.step,
             "first_step": first_step,
             "resumed_from": self.resumed_from,
-            "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            "restarts": restart_count(),
             "checkpoint_blocked_s": self.checkpointer.blocked_s,
             "losses": [r["loss"] for r in records],
             "first_loss": records[0]["loss"] if records else None,
@@ -515,6 +520,19 @@ class Trainer:
         self.watchdog.stop()  # last: a hang in the steps above still ends in a restart
         if self._owns_group:
             dist.destroy_process_group()
+
+    def abort(self) -> None:
+        """After a peer's failure (smelt's in-process restart): stop this trainer's threads without waiting
+        for collectives that can no longer finish; the process group is the caller's to destroy."""
+        self.watchdog.stop()
+        for part in (self.stop_request.close, self.snapshots.abandon if self.snapshots else None,
+                     self.checkpointer.abandon, self.loader.close, self.metrics.close):
+            if part is None:
+                continue
+            try:
+                part()
+            except Exception as e:  # noqa: BLE001 - a broken peer may fail any of them; none may stop the rejoin
+                log.warning("abandoning the trainer: %s failed: %s", getattr(part, "__qualname__", part), e)
 
     def __enter__(self) -> "Trainer":
         return self

@@ -40,6 +40,7 @@ from tasks.train.config import WatchdogConfig
 log = logging.getLogger(__name__)
 
 HANG_EXIT_CODE = 75  # EX_TEMPFAIL: a temporary failure, worth a restart
+IN_PROCESS_ENV = "SMELT_GEN"  # set by smelt's agent: ranks restart in process (tasks/train/agent.py)
 STORE_TIMEOUT_S = 10.0
 
 
@@ -199,6 +200,7 @@ class ProgressWatchdog:
     def _fire(self, idle: float) -> None:
         line = (f"watchdog: rank {self.rank} finished no step for {idle:.1f} s (limit {self._limit():.0f} s): "
                 f"stuck in step {self._last_step + 1} (last finished step {self._last_step})")
+        killed = False
         if self._store is not None:
             first = self._early
             if first is None:
@@ -207,22 +209,30 @@ class ProgressWatchdog:
             self._publish()  # this rank is alive, whatever its last poll
             second = self._snapshot()
             silent, lagging = diagnose(first, second, self.world_size)
-            line += "; " + self._describe(silent, lagging, second)
+            text, killed = self._describe(silent, lagging, second)
+            line += "; " + text
+        if killed and IN_PROCESS_ENV in os.environ:
+            # smelt's agent (tasks/train/agent.py) replaces the killed rank; this one rejoins once its collective fails
+            log.error("%s; this rank stays for an in-process restart", line)
+            self._last_progress, self._early = time.monotonic(), None
+            return
         log.error("%s; exiting with code %d so torchrun restarts the group", line, HANG_EXIT_CODE)
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(HANG_EXIT_CODE)
 
-    def _describe(self, silent: list[int], lagging: list[int], beats: dict[int, Heartbeat]) -> str:
-        parts = []
+    def _describe(self, silent: list[int], lagging: list[int], beats: dict[int, Heartbeat]) -> tuple[str, bool]:
+        """What the heartbeats say, and whether a silent rank on this host was SIGKILLed."""
+        parts, killed_any = [], False
         for rank in silent:
             beat = beats.get(rank)
             where = f"since step {beat.step}" if beat else "never reported"
             killed = beat is not None and beat.pid != os.getpid() and kill_if_local(beat)
+            killed_any |= killed
             parts.append(f"rank {rank} silent {where} (stopped, frozen or dead)"
                          + (f", SIGKILLed pid {beat.pid} on this host" if killed else ""))
         for rank in lagging:
             parts.append(f"rank {rank} alive but behind, at step {beats[rank].step}")
         if not parts:
-            return "every rank is alive and waiting in the same step (a collective no rank completes)"
-        return "stuck: " + "; ".join(parts)
+            return "every rank is alive and waiting in the same step (a collective no rank completes)", False
+        return "stuck: " + "; ".join(parts), killed_any
