@@ -244,7 +244,7 @@ def tokenizer_train(
 def train(
     data: Annotated[list[str], typer.Option("--data", "-d", help="Token dataset URL, or name=URL for a mixture (repeatable).")],
     root: RootOpt = "smelt-data",
-    run_dir: Annotated[Optional[str], typer.Option(help="Run folder (default <root>/train/<fingerprint>).")] = None,
+    run_dir: Annotated[Optional[str], typer.Option(help="Run folder (default <root>/train/<run identity>: model, data, batch contract, seed; a longer train.steps or a code fix continues it).")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     nproc: Annotated[Optional[int], typer.Option(help="Processes for torchrun (default: launch.nproc).")] = None,
@@ -344,7 +344,7 @@ def launch(
     engine: Annotated[str, typer.Argument(help="slurm (render + sbatch) or kubernetes (a PyTorchJob manifest).")],
     data: Annotated[list[str], typer.Option("--data", "-d", help="Token dataset URL, or name=URL for a mixture (repeatable).")],
     root: RootOpt = "smelt-data",
-    run_dir: Annotated[Optional[str], typer.Option(help="Run folder (default <root>/train/<fingerprint>); every node must reach it.")] = None,
+    run_dir: Annotated[Optional[str], typer.Option(help="Run folder (default <root>/train/<run identity>); every node must reach it.")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     nodes: Annotated[int, typer.Option(help="Nodes (one torchrun agent each).")] = 1,

@@ -43,7 +43,7 @@ def _write_file(f, data: bytes) -> int:
 
 
 def root_of(run_dir: str) -> str:
-    """``<root>/train/<fingerprint>`` → ``<root>``: where a run's evaluations belong."""
+    """``<root>/train/<run identity>`` → ``<root>``: where a run's evaluations belong."""
     return run_dir.rsplit("/", 2)[0]
 
 

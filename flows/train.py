@@ -19,14 +19,15 @@ from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from flows.common import StageOutcome, artifact_key, planned_output
+from flows.common import StageOutcome, artifact_key
 from flows.config import LaunchConfig
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.checkpoints import finished_run, list_committed, named_checkpoint, relative_step
 from tasks.objectstore import preflight_all
 from tasks.train.config import TrainConfig, parse_data
-from tasks.train.launch import launch_torchrun, preflight
+from tasks.train.identity import run_identity
+from tasks.train.launch import RUN_KIND, launch_torchrun, preflight
 from tasks.train.stragglers import REPORT as STRAGGLER_REPORT
 
 STAGE = "train"
@@ -35,9 +36,12 @@ PUBLISHED = "published.json"  # steps whose commit was published
 
 
 def run_dir_for(data: dict[str, str], root: str, cfg: TrainConfig) -> tuple[str, str, dict[str, datasets.Manifest]]:
+    """(run folder, run identity, tokens manifests): ``<root>/train/<identity>``, where the identity is what
+    makes the run's checkpoints meaningful (tasks/train/identity.py), not the whole config nor the code, so a
+    longer step budget, another layout or a code fix continues the same run from its newest checkpoint."""
     manifests = {name: datasets.open_dataset(url, kind="tokens") for name, url in data.items()}
-    url, fp = planned_output(root, STAGE, cfg, [f"{n}:{m.fingerprint}" for n, m in sorted(manifests.items())], "tasks.train")
-    return url, fp, manifests
+    identity = run_identity(cfg, manifests)
+    return datasets.stage_url(root, STAGE, identity), identity, manifests
 
 
 class CheckpointPublisher:
@@ -100,16 +104,25 @@ def publish_run_reports(run_dir: str, run_name: str) -> None:
 
 @task(name="train", cache_policy=NO_CACHE)
 def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: str | None = None) -> dict:
-    """Train (or resume, or reuse) a model; returns a StageOutcome dict whose url is the run folder."""
+    """Train, continue or reuse the run ``config`` names on ``data``; returns a StageOutcome dict whose url is
+    the run folder. A finished run is reused when it reached ``steps``; one that stopped short continues."""
     logger = get_run_logger()
     cfg = from_dict(TrainConfig, config)
     sources = parse_data(data)
     url, fp, manifests = run_dir_for(sources, root, cfg)
     url = datasets.normalize_url(run_dir) if run_dir else url
     finished = finished_run(url)  # None also when its final checkpoint fails verification: resume and rewrite it
-    if finished is not None:
+    if finished is not None and finished.fingerprint != fp:
+        raise datasets.DatasetError(f"{url} holds run {finished.fingerprint}, not {fp}: the model, data, batch "
+                                    "contract or seed differ; choose another run folder")
+    if finished is not None and int(finished.meta["step"]) >= cfg.steps:
+        if int(finished.meta["step"]) > cfg.steps:
+            logger.warning(f"train: run {url} already reached step {finished.meta['step']}, past train.steps = "
+                           f"{cfg.steps}; its final checkpoint is the result")
         logger.info(f"train: reusing finished run {url}")
         return _outcome(url, finished, reused=True, seconds=0.0)
+    if finished is not None:  # launch_torchrun (prepare_run) unfinishes it and records what changed
+        logger.info(f"train: run {url} finished at step {finished.meta['step']}; continuing to step {cfg.steps}")
 
     publisher = CheckpointPublisher(url, fp, datasets.normalize_url(root))
     stop = threading.Event()
@@ -133,7 +146,7 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
         raise RuntimeError(f"training finished but {url} holds no committed checkpoint")
     final = committed[-1]
     manifest = datasets.commit(
-        url, kind="model", fp=fp, shards=[],
+        url, kind=RUN_KIND, fp=fp, shards=[],
         stats={"steps": summary["steps"], "tokens": summary["tokens"], "restarts": result.get("restarts", 0)},
         inputs=list(manifests.values()), config=cfg,
         meta={"checkpoint": relative_step(final["step"]), "step": final["step"], "summary": summary, "data": sources},

@@ -20,6 +20,9 @@ The split, in seconds (they add up to the wall time from launch to the summary):
 - ``lost_s``: compute of steps later discarded: trained after the checkpoint a restart resumed
   from (and so redone), or rolled back by the loss guard;
 - ``other_s``: the rest (step boundaries, logging, shutdown).
+
+A finished run continued with more steps (``{"event": "continue", "time"}``) was idle from its last
+step to that event: ``idle_s``, outside the wall time and the split.
 """
 
 from __future__ import annotations
@@ -88,7 +91,16 @@ def goodput_split(events: list[dict], records: list[dict], end_time: float, fina
                 kept[record["step"]] = record
             last_end = record["time"]
 
-    wall = end_time - begin
+    # A finished run continued later (``continue`` events, tasks/train/launch.continue_run) sat idle from its
+    # last step to that launch: not the run's time, so neither in the wall time nor in restart_s.
+    idle = 0.0
+    for event in (e for e in events if e["event"] == "continue"):
+        before = [r["time"] for r in records if r["time"] <= event["time"]]
+        gap = event["time"] - max(before) if before else 0.0
+        idle += gap
+        if any(r["time"] > event["time"] for r in records):  # else the gap sat in other_s, which follows the wall
+            restart -= gap
+    wall = end_time - begin - idle
     productive = sum(_compute(r) for r in kept.values())
     lost_s = sum(_compute(r) for r in lost)
     split = {"productive_s": productive, "checkpoint_s": checkpoint, "init_s": init, "restart_s": restart,
@@ -96,6 +108,7 @@ def goodput_split(events: list[dict], records: list[dict], end_time: float, fina
     split["other_s"] = wall - sum(split.values())
     return {
         "wall_s": wall,
+        "idle_s": round(idle, 4),
         **{k: round(v, 4) for k, v in split.items()},
         "goodput": productive / wall if wall > 0 else 0.0,
         "process_groups": len(starts),

@@ -197,17 +197,85 @@ def preflight(cfg: TrainConfig, data: dict[str, str], world_sizes: list[int]) ->
     return report
 
 
-def prepare_run(data: dict[str, str], config: dict, run_dir: str, *, write: bool = True) -> list[str]:
+CONFIG = "train_config.json"
+RUN_KIND = "model"  # the kind of the manifest flows/train.py commits in a run folder when a launch finishes
+CODE = "tasks.train"  # what the ranks run: tasks/train and the shared core (tasks/*.py), see datasets.code_version
+
+
+def code_version() -> str:
+    """The version of the code a launch trains with; recorded in ``events.jsonl``, never part of the run's identity."""
+    return contract.code_version(CODE)
+
+
+def prepare_run(data: dict[str, str], config: dict, run_dir: str, *, write: bool = True,
+                log_line: Callable[[str], None] = log.info) -> list[str]:
     """Write ``<run_dir>/train_config.json`` (the run folder records what ran, and restarted ranks reread
     it); returns the ``tasks.train.main`` arguments that train it on ``data`` (name → tokens URL).
-    ``write=False``: only the arguments (a dry run)."""
+    A folder that already holds a run continues it (``continue_run``). ``write=False``: only the
+    arguments (a dry run)."""
     run_dir = contract.normalize_url(run_dir)
-    config_url = contract.join(run_dir, "train_config.json")
+    config_url = contract.join(run_dir, CONFIG)
     if write:
+        continue_run(run_dir, config, log_line)
         with contract.atomic_write(config_url, "w") as f:
             f.write(json.dumps(config, indent=2, sort_keys=True))
     data_args = [arg for name, url in data.items() for arg in ("--data", f"{name}={url}")]
     return ["--config", config_url, *data_args, "--run-dir", run_dir]
+
+
+def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = log.info) -> None:
+    """Before a launch into a folder that already holds a run (its ``train_config.json``): say that the
+    run continues and what changed, and record it in ``events.jsonl``.
+
+    - A config that differs from the previous launch's (the run's identity is the same, or the folder
+      would be another one: tasks/train/identity.py) appends ``{"event": "config_changed", "changes":
+      {"steps": [60, 1000], ...}, "code_version", "previous_code_version", "checkpoint_step", "time"}``
+      (``checkpoint_step``: the newest committed checkpoint, where the trainer resumes unless a newer
+      in-memory snapshot survived), and the previous config is kept as ``train_config.<n>.json``
+      (n = 1, 2, … in launch order).
+    - Code that differs from the newest code version the events record (each launch records its own)
+      appends the same event, with no config changes when only the code changed.
+    - A finished run (its ``model`` manifest) asked for more steps than it reached is no longer finished:
+      its manifest is removed before any rank starts (its final checkpoint stays, and the trainer resumes
+      from it; the flow commits a new manifest when this launch finishes), and ``{"event": "continue",
+      "finished_step", "steps", "time"}`` marks where the run sat idle (goodput leaves that time out).
+    """
+    from tasks.checkpoints import list_committed  # torch; the flow has imported it by now
+    from tasks.train.identity import config_changes
+
+    fs, path = contract.filesystem(contract.join(run_dir, CONFIG))
+    if not fs.exists(path):
+        return  # a new run
+    previous = json.loads(fs.cat_file(path))
+    now = time.time()
+    steps = from_dict(TrainConfig, config).steps
+    committed = list_committed(run_dir, checksums=False)
+    checkpoint_step = committed[-1]["step"] if committed else None
+    finished = contract.read_manifest(run_dir)
+    if finished is not None and finished.kind == RUN_KIND and int(finished.meta.get("step", 0)) < steps:
+        mfs, mpath = contract.filesystem(contract.join(run_dir, contract.MANIFEST))
+        mfs.rm(mpath)
+        goodput.append_event(run_dir, {"event": "continue", "time": now, "finished_step": finished.meta.get("step"),
+                                       "steps": steps})
+    changes = config_changes(previous, config)
+    code = code_version()
+    previous_code = next((e["code_version"] for e in reversed(goodput.read_jsonl(run_dir, goodput.EVENTS))
+                          if e.get("code_version")), None)
+    code_changed = previous_code is not None and previous_code != code
+    kept = None
+    if changes:
+        kept = f"train_config.{len(fs.glob(path[:-len('.json')] + '.*.json')) + 1}.json"
+        with contract.atomic_write(contract.join(run_dir, kept), "w") as f:
+            f.write(json.dumps(previous, indent=2, sort_keys=True))
+    if changes or code_changed:
+        goodput.append_event(run_dir, {"event": "config_changed", "time": now, "changes": changes,
+                                       "code_version": code, "previous_code_version": previous_code,
+                                       "checkpoint_step": checkpoint_step, "previous_config": kept})
+    what = [f"{key} {old!r} → {new!r}" for key, (old, new) in changes.items()]
+    what += [f"code {previous_code} → {code}"] if code_changed else []
+    where = f"newest checkpoint: step {checkpoint_step}" if checkpoint_step is not None else "no committed checkpoint"
+    log_line(f"train: run {run_dir} continues ({where}) to step {steps}; "
+             + (f"changed: {'; '.join(what)}" if what else "config and code unchanged"))
 
 
 def launch_torchrun(
@@ -230,9 +298,10 @@ def launch_torchrun(
     low, _, high = nnodes.partition(":")
     preflight(from_dict(TrainConfig, config), data, sorted({int(low) * nproc, int(high or low) * nproc}))
     run_dir = contract.normalize_url(run_dir)
-    args = prepare_run(data, config, run_dir)
+    args = prepare_run(data, config, run_dir, log_line=log)
     started = time.monotonic()
-    goodput.append_event(run_dir, {"event": "launch", "time": time.time(), "host": socket.gethostname()})
+    goodput.append_event(run_dir, {"event": "launch", "time": time.time(), "host": socket.gethostname(),
+                                   "code_version": code_version()})
     returncode = run_torchrun(nproc, args, run_dir, max_restarts, rdzv_port, nnodes=nnodes, timeout_s=timeout_s,
                               log_line=log)
     seconds = time.monotonic() - started

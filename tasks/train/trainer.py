@@ -37,6 +37,7 @@ from tasks.train.config import DataConfig, TrainConfig
 from tasks.train.cross_entropy import token_sum_cross_entropy
 from tasks.train.data import TokenLoader
 from tasks.train.faults import FaultInjector
+from tasks.train.identity import config_fingerprint
 from tasks.train.loss_guard import LossGuard, SkippedRange, SkipList, skip_window
 from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
 from tasks.train.parallel_dims import ParallelDims
@@ -112,13 +113,8 @@ class TrainState(Stateful):
         self.loader.load_state_dict(state_dict["loader"])
 
 
-def config_fingerprint(model_cfg: ModelConfig, data: DataConfig, dataset_fingerprints: dict[str, str]) -> str:
-    """What a resume may not change: model shape, data, tokenizer (via the datasets) and the batch
-    contract. The layout, world size, optimizer and step budget may change."""
-    contract_fields = {"seq_len": data.seq_len, "global_batch": data.global_batch, "seed": data.seed,
-                       "mixture": dict(sorted(data.mixture.items()))}
-    inputs = [f"{name}:{fp}" for name, fp in sorted(dataset_fingerprints.items())]
-    return contract.fingerprint("train", {"model": dataclasses.asdict(model_cfg), "data": contract_fields}, inputs, "")
+# config_fingerprint: the run's identity (model shape, data, batch contract, initial weights), one definition
+# shared with the flow's run folder: tasks/train/identity.py.
 
 
 # -- process group --------------------------------------------------------------------------------------
@@ -237,7 +233,8 @@ class Trainer:
         fingerprints = {name: contract.open_dataset(url, kind="tokens").fingerprint for name, url in datasets.items()}
         self.checkpointer = CheckpointManager(
             self.run_dir, cfg.checkpoint, rank=self.rank, world_size=self.world_size,
-            config_fingerprint=config_fingerprint(self.model_cfg, cfg.data, fingerprints),
+            config_fingerprint=config_fingerprint(self.model_cfg, cfg.data, fingerprints, seed=cfg.seed,
+                                                  init_from=cfg.init_from),
         )
         self.snapshots = None
         if cfg.snapshot.active(self.world_size):

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.slow
 TRAIN = ["train.steps=8", "train.checkpoint.interval_steps=4", "train.checkpoint.keep_last=10", "train.log_every=4",
          "launch.nproc=1", "launch.task_retries=0", "launch.max_restarts=0"]
 FAULT = "train.faults.inject=kill:rank=0,step=6"  # after the step-4 checkpoint committed
+# The retried run is a run of its own: another init seed is another identity (a fault spec alone is not, and
+# would continue the first run's finished folder: tasks/train/identity.py).
+OTHER_RUN = "train.seed=1"
 DATA_STAGES = {"ingest[web]", "dedup[web]", "ingest_code[code]", "dedup[code]", "tokenizer", "tokenize[web]",
                "tokenize[code]"}
 RUN_TIMEOUT_S = 900
@@ -123,7 +126,7 @@ def first_run(server, root):
 @pytest.fixture(scope="module")
 def retried_run(server, root, first_run):
     _, api, env = server
-    run_id = deployment_run(env, "crawl-to-model/crawl-to-model", {"root": root, "overrides": [*TRAIN, FAULT]})
+    run_id = deployment_run(env, "crawl-to-model/crawl-to-model", {"root": root, "overrides": [*TRAIN, OTHER_RUN, FAULT]})
     failed = api.wait(run_id, {"FAILED"})
     # What the UI's Retry button does (DESIGN §8): the same flow run, set to AwaitingRetry.
     api.call("POST", f"/flow_runs/{run_id}/set_state",
@@ -201,8 +204,7 @@ def smelt(env: dict, *args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_smelt_eval_of_two_checkpoints_gives_two_results_and_training_settings_change_identity(
-        retried_run, server, root):
+def test_smelt_eval_of_two_checkpoints_gives_two_results_and_each_run_its_own(retried_run, server, root):
     _, _, env = server
     first, second = run_dirs(root)
     results = {}
@@ -213,8 +215,9 @@ def test_smelt_eval_of_two_checkpoints_gives_two_results_and_training_settings_c
     assert (results[4]["step"], results[8]["step"]) == (4, 8)
     assert results[4]["fingerprint"] != results[8]["fingerprint"] and results[4]["url"] != results[8]["url"]
     assert results[4]["stats"]["val_loss"] != results[8]["stats"]["val_loss"]
-    # The two runs differ only in a training setting (the fault spec), not in their first 4 steps: their
-    # step-4 evaluations are still two results.
+    # An evaluation is keyed by its checkpoint's own identity (run, step, checksums): the two runs' step-4
+    # checkpoints are two results. (The runs differ in their init seed, part of a run's identity; a training
+    # setting such as the fault spec no longer makes another run: tasks/train/identity.py.)
     evals = {(e["meta"]["run"], e["meta"]["step"]): e["fingerprint"] for e in
              (json.loads(p.read_text()) for p in Path(datasets.filesystem(root)[1], "eval").glob("*/manifest.json"))}
     run_url = {d: datasets.normalize_url(str(d)) for d in (first, second)}

@@ -39,6 +39,21 @@ def test_a_rollback_loses_the_rejected_step_and_the_steps_after_its_checkpoint()
     assert split["productive_s"] + split["lost_s"] + split["init_s"] + split["restart_s"] == pytest.approx(8.0)
 
 
+def test_a_finished_run_continued_later_leaves_its_idle_time_out_of_the_wall_time():
+    events = [{"event": "launch", "time": 0.0},
+              {"event": "start", "group": 0, "time": 1.0, "resumed_from": None},
+              {"event": "continue", "time": 100.0, "finished_step": 2, "steps": 3},  # tasks/train/launch.continue_run
+              {"event": "launch", "time": 100.0},
+              {"event": "start", "group": 1, "time": 101.0, "resumed_from": 2}]
+    records = [step(0, 1, 11.0), step(0, 2, 12.0), step(1, 3, 111.0)]
+    split = goodput_split(events, records, end_time=112.0)
+    assert split["idle_s"] == 88.0  # the last step of the finished launch (12.0) → the continuing launch
+    assert split["restart_s"] == 10.0  # that launch → its first step (110.0)
+    assert split["wall_s"] == 24.0 and split["lost_steps"] == [] and split["productive_s"] == 3.0
+    assert sum(split[k] for k in ("productive_s", "checkpoint_s", "init_s", "restart_s", "lost_s",
+                                  "other_s")) == pytest.approx(split["wall_s"])
+
+
 def test_groups_are_counted_from_the_events_file(tmp_path):
     run = str(tmp_path)
     append_event(run, {"event": "launch", "time": 0.0})

@@ -13,8 +13,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tasks import datasets
 from tasks.checkpoints import list_committed
-from tasks.train.launch import LaunchError, check_not_excluded, launch_torchrun, torchrun_command
+from tasks.train import goodput
+from tasks.train.launch import (LaunchError, check_not_excluded, code_version, launch_torchrun, prepare_run,
+                                torchrun_command)
 from tests.tasks.train.token_corpus import make_corpus
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,6 +48,41 @@ def test_two_ranks_train_and_commit_a_checkpoint(tmp_path):
     assert [c["step"] for c in list_committed(str(tmp_path / "run"))] == [3]
     assert json.loads((tmp_path / "run" / "train_config.json").read_text())["steps"] == 3
     assert any("step 3/3" in line for line in lines)
+
+
+def test_a_launch_into_a_run_folder_records_what_changed_and_keeps_the_previous_config(tmp_path):
+    run, data, lines = str(tmp_path / "run"), {"main": "file:///tokens"}, []
+    prepare_run(data, {"steps": 4}, run, log_line=lines.append)
+    assert lines == [] and goodput.read_jsonl(run, goodput.EVENTS) == []  # a new run: nothing continues
+    goodput.append_event(run, {"event": "launch", "time": 1.0, "code_version": "the-code-of-launch-1"})
+
+    prepare_run(data, {"steps": 8, "optim": {"lr": 1e-3}}, run, log_line=lines.append)
+    (changed,) = [e for e in goodput.read_jsonl(run, goodput.EVENTS) if e["event"] == "config_changed"]
+    assert changed["changes"] == {"steps": [4, 8], "optim.lr": [3e-3, 1e-3]}
+    assert (changed["previous_code_version"], changed["code_version"]) == ("the-code-of-launch-1", code_version())
+    assert changed["previous_config"] == "train_config.1.json" and changed["checkpoint_step"] is None
+    assert json.loads((tmp_path / "run" / "train_config.1.json").read_text()) == {"steps": 4}
+    assert json.loads((tmp_path / "run" / "train_config.json").read_text())["steps"] == 8
+    assert f"run {datasets.normalize_url(run)} continues" in lines[-1] and "steps 4 → 8" in lines[-1]
+    assert "code the-code-of-launch-1 → " in lines[-1]
+
+    goodput.append_event(run, {"event": "launch", "time": 2.0, "code_version": code_version()})
+    prepare_run(data, {"steps": 8, "optim": {"lr": 1e-3}}, run, log_line=lines.append)  # a retry: same config, code
+    assert [e["event"] for e in goodput.read_jsonl(run, goodput.EVENTS)].count("config_changed") == 1
+    assert "config and code unchanged" in lines[-1] and not (tmp_path / "run" / "train_config.2.json").exists()
+
+
+def test_a_finished_run_asked_for_more_steps_is_no_longer_finished(tmp_path):
+    run, data = str(tmp_path / "run"), {"main": "file:///tokens"}
+    prepare_run(data, {"steps": 4}, run)
+    datasets.commit(run, kind="model", fp="run-id", shards=[], stats={},
+                    meta={"checkpoint": "checkpoints/step-00000004", "step": 4})
+    prepare_run(data, {"steps": 4, "checkpoint": {"keep_last": 3}}, run)  # `smelt launch` of the same budget
+    assert datasets.read_manifest(run) is not None
+    prepare_run(data, {"steps": 10}, run)
+    assert datasets.read_manifest(run) is None  # the run is training again: nothing names a final checkpoint
+    (event,) = [e for e in goodput.read_jsonl(run, goodput.EVENTS) if e["event"] == "continue"]
+    assert (event["finished_step"], event["steps"]) == (4, 10)
 
 
 def _ranks_of(run_dir: str) -> list[psutil.Process]:
