@@ -23,11 +23,16 @@ class LaunchConfig:
     """How the train task starts torchrun; not part of the run's fingerprint (any world size resumes)."""
 
     nproc: int = 2
-    max_restarts: int = 1  # torchrun's elastic agent restarts all ranks this many times
+    max_restarts: int = 1  # failed ranks replaced (in-process), or restarts of all ranks (torchrun), per launch
     task_retries: int = 1  # then Prefect retries the whole launch this many times
     timeout_minutes: float = 120.0
+    # in-process: smelt's node agent replaces a failed rank with a warm spare and the others rejoin in their
+    # own processes (tasks/train/agent.py); torchrun: every rank restarts (the fallback)
+    restart: str = "in-process"
 
     def __post_init__(self) -> None:
+        if self.restart not in ("in-process", "torchrun"):
+            raise ValueError(f"launch.restart is {self.restart!r}; choose in-process or torchrun")
         if self.nproc < 1:
             raise ValueError(f"launch.nproc must be at least 1, got {self.nproc}")
         if self.max_restarts < 0 or self.task_retries < 0:

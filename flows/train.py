@@ -27,7 +27,7 @@ from tasks.checkpoints import finished_run, list_committed, named_checkpoint, re
 from tasks.objectstore import preflight_all
 from tasks.train.config import TrainConfig, parse_data
 from tasks.train.identity import run_identity
-from tasks.train.launch import RUN_KIND, launch_torchrun, preflight
+from tasks.train.launch import RUN_KIND, launch_training, preflight
 from tasks.train.stragglers import REPORT as STRAGGLER_REPORT
 
 STAGE = "train"
@@ -121,7 +121,7 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
                            f"{cfg.steps}; its final checkpoint is the result")
         logger.info(f"train: reusing finished run {url}")
         return _outcome(url, finished, reused=True, seconds=0.0)
-    if finished is not None:  # launch_torchrun (prepare_run) unfinishes it and records what changed
+    if finished is not None:  # launch_training (prepare_run) unfinishes it and records what changed
         logger.info(f"train: run {url} finished at step {finished.meta['step']}; continuing to step {cfg.steps}")
 
     publisher = CheckpointPublisher(url, fp, datasets.normalize_url(root))
@@ -130,10 +130,10 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
     follower = threading.Thread(target=contextvars.copy_context().run, args=(publisher.follow, stop), daemon=True)
     follower.start()
     try:
-        result = launch_torchrun(
+        result = launch_training(
             data=sources, config=config, run_dir=url, nproc=int(launch["nproc"]),
             max_restarts=int(launch["max_restarts"]), timeout_s=float(launch["timeout_minutes"]) * 60,
-            log=logger.info,
+            restart=launch.get("restart", LaunchConfig.restart), log=logger.info,
         )
     finally:
         stop.set()

@@ -34,7 +34,7 @@ from infra.recovery_figures import ABORT_S, CHECKSUM_GBPS, DETECTION_S, DRAIN_ST
 RECOVERY_MODES = ("storage", "snapshot", "in-process")
 DEFAULT_RECOVERY = "snapshot"
 IN_SMELT = {"storage": True, "snapshot": True, "in-process": False}
-NOT_IN_SMELT = "not yet in smelt's trainer"
+NOT_IN_SMELT = "smelt's agent does it on one node; cluster launches still restart through torchrun"
 # the sourced parts of today's flat relaunch, at their defaults; the rest of restart_minutes is unsourced
 _SOURCED_RELAUNCH_S = DETECTION_S.value + START_AND_IMPORT_S.value + MODEL_BUILD_S.value + PROCESS_GROUP_INIT_S.value
 
@@ -104,8 +104,8 @@ def full_relaunch_parts(relaunch_s: float, detection_s: float, process_group_ini
 
 def in_process_parts(detection_s: float, process_group_init_s: float, step_s: float, restore_s: float,
                      no_spare_p: float, relaunch_s: float) -> list[Part]:
-    """Keep the healthy ranks: detect, abort, drain, re-rendezvous with a waiting spare, rebuild the group,
-    restore. Without a free spare node (probability ``no_spare_p``) the job falls back to a full relaunch."""
+    """Keep the healthy ranks: detect, abort, drain, re-rendezvous with a waiting spare, rebuild the group and
+    (as smelt's agent does, tasks/train/agent.py) the trainer, restore. Without a free spare node (probability ``no_spare_p``) the job falls back to a full relaunch."""
     parts = [Part("detection", detection_s, DETECTION_S.source),
              Part("abort process group", ABORT_S.value, ABORT_S.source),
              Part("drain pending kernels", DRAIN_STEPS.value * step_s, DRAIN_STEPS.source),
@@ -113,6 +113,8 @@ def in_process_parts(detection_s: float, process_group_init_s: float, step_s: fl
              Part("rank assignment + barrier", RANK_ASSIGNMENT_S.value + STORE_BARRIER_S.value,
                   f"{RANK_ASSIGNMENT_S.source}; {STORE_BARRIER_S.source}"),
              Part("process-group (NCCL) init", process_group_init_s, PROCESS_GROUP_INIT_S.source),
+             Part("model rebuild (smelt's agent rebuilds the trainer in process)", MODEL_BUILD_S.value,
+                  MODEL_BUILD_S.source),
              Part("restore from peer memory", restore_s, "the rank's shard over the inter-node link, checksummed")]
     quick = sum(p.seconds for p in parts)
     fallback = no_spare_p * max(0.0, relaunch_s + restore_s - quick)

@@ -124,6 +124,10 @@ class NodeAgent:
         spare = next((p for p in self._procs if p.rank is None and p.popen.poll() is None), None)
         return spare or self._spawn()
 
+    def stop(self) -> None:
+        """End the job on this node: ``run()`` returns and stops every rank and spare (SIGTERM, then SIGKILL)."""
+        self._stop.set()
+
     def lose_node(self) -> None:
         """Simulate this node's loss (tests, the chaos bench): the loop stops touching the store and every
         process of the node dies at once, as with a power cut."""

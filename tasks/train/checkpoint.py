@@ -346,6 +346,15 @@ class CheckpointManager:
         step stays uncommitted, and a later save of it rewrites it)."""
         self._pending = None
         self._committer.shutdown(wait=False, cancel_futures=True)
+        if self.cfg.async_mode == "process":
+            # DCP keeps one writer process per rank process, joined to the job's ranks at its first save: its
+            # group has the failed peer in it, so the next save (in the rebuilt trainer) needs a new one.
+            from torch.distributed.checkpoint import _async_process_executor as executor
+
+            writer, executor._CHECKPOINT_PROCESS = executor._CHECKPOINT_PROCESS, None
+            if writer is not None and writer._save_process.is_alive():
+                writer._save_process.kill()
+                writer._save_process.join(timeout=5)
 
     def _due(self, step: int, force: bool) -> bool:
         if step == self._last_step:

@@ -278,7 +278,40 @@ def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = l
              + (f"changed: {'; '.join(what)}" if what else "config and code unchanged"))
 
 
-def launch_torchrun(
+RESTARTS = ("in-process", "torchrun")
+
+
+def run_agent(nproc: int, args: list[str], max_restarts: int, *, timeout_s: float | None = None,
+              log_line: Callable[[str], None] = log.info) -> int:
+    """Run ``tasks.train.main ARGS`` on ``nproc`` local ranks under smelt's node agent (tasks/train/agent.py):
+    a failed rank is replaced by a warm spare, up to ``max_restarts`` times, while the others stay alive.
+    Its exit status; on timeout or KeyboardInterrupt every rank and spare is stopped."""
+    from tasks.train.agent import NodeAgent
+
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    agent = NodeAgent(args, nnodes=1, node_rank=0, nproc=nproc, master_addr="127.0.0.1", master_port=free_port(),
+                      max_failures=max_restarts, env=env, cwd=str(REPO_ROOT), log_line=log_line)
+    result: dict[str, int] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("status", agent.run()), name="smelt-agent",
+                              daemon=True)
+    thread.start()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        while thread.is_alive() and (deadline is None or time.monotonic() < deadline):
+            thread.join(timeout=0.2)  # short waits: a KeyboardInterrupt lands between them
+        if thread.is_alive():
+            raise LaunchError(f"training ran past its {timeout_s:.0f} s timeout and was stopped")
+    finally:
+        if "status" not in result:  # a timeout, KeyboardInterrupt, a cancelled flow: no rank may outlive us
+            # (not thread.is_alive(): a join that a KeyboardInterrupt broke into may report a live thread dead)
+            agent.stop()
+            deadline = time.monotonic() + STOP_GRACE_S
+            while "status" not in result and time.monotonic() < deadline:
+                time.sleep(0.1)
+    return result.get("status", 1)
+
+
+def launch_training(
     *,
     data: dict[str, str],
     config: dict,
@@ -286,15 +319,22 @@ def launch_torchrun(
     nproc: int,
     max_restarts: int = 0,
     timeout_s: float | None = None,
+    restart: str = "in-process",
     rdzv_port: int | None = None,
     nnodes: str = "1",
     log: Callable[[str], None] = log.info,
 ) -> dict:
     """Train ``config`` (a TrainConfig as a dict) on ``data`` (name → tokens URL) with ``nproc``
     local ranks; returns {returncode, summary, seconds, restarts}. The config, data and layout are
-    checked (``preflight``) before torchrun starts."""
+    checked (``preflight``) before any rank starts.
+
+    ``restart``: ``in-process`` (smelt's node agent: a failed rank is replaced by a warm spare, the others
+    rejoin without restarting) or ``torchrun`` (torchrun restarts every rank; also for ``nnodes`` other
+    than one, the elastic and multi-agent launches)."""
     if nproc < 1:
         raise ValueError(f"launch.nproc must be at least 1, got {nproc}")
+    if restart not in RESTARTS:
+        raise ValueError(f"launch.restart is {restart!r}; choose one of {', '.join(RESTARTS)}")
     low, _, high = nnodes.partition(":")
     preflight(from_dict(TrainConfig, config), data, sorted({int(low) * nproc, int(high or low) * nproc}))
     run_dir = contract.normalize_url(run_dir)
@@ -302,11 +342,16 @@ def launch_torchrun(
     started = time.monotonic()
     goodput.append_event(run_dir, {"event": "launch", "time": time.time(), "host": socket.gethostname(),
                                    "code_version": code_version()})
-    returncode = run_torchrun(nproc, args, run_dir, max_restarts, rdzv_port, nnodes=nnodes, timeout_s=timeout_s,
-                              log_line=log)
+    if restart == "in-process" and nnodes == "1":
+        check_not_excluded(run_dir, nnodes, log)
+        returncode = run_agent(nproc, args, max_restarts, timeout_s=timeout_s, log_line=log)
+    else:
+        returncode = run_torchrun(nproc, args, run_dir, max_restarts, rdzv_port, nnodes=nnodes, timeout_s=timeout_s,
+                                  log_line=log)
     seconds = time.monotonic() - started
     if returncode != 0:
-        raise LaunchError(f"torchrun for {run_dir} exited with status {returncode} after {seconds:.0f} s "
+        launcher = "torchrun" if restart == "torchrun" or nnodes != "1" else "smelt's agent"
+        raise LaunchError(f"training in {run_dir} ({launcher}) exited with status {returncode} after {seconds:.0f} s "
                           f"({max_restarts} restarts allowed); the ranks' errors are in the log above")
     fs, path = contract.filesystem(contract.join(run_dir, "summary.json"))
     summary = json.loads(fs.cat_file(path))

@@ -183,14 +183,20 @@ def read_header(path: Path) -> dict:
             raise SnapshotError(f"{path}: corrupt snapshot header") from None
 
 
-def decode(blob: memoryview | bytes) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Verify a whole snapshot held in memory; (header, tensors by key). SnapshotError if it fails."""
+def verify(blob: memoryview | bytes) -> dict:
+    """Check a whole snapshot held in memory against its checksum; its header. SnapshotError if it fails."""
     header = parse_header(blob)
     end = header.pop("_payload_end")
     payload = memoryview(blob)[len(MAGIC):end]
     digest = f"xxh3_128:{xxhash.xxh3_128(payload).hexdigest()}"
     if digest != header["checksum"]:
         raise SnapshotError(f"checksum mismatch (stored {header['checksum']}, computed {digest})")
+    return header
+
+
+def decode(blob: memoryview | bytes) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Verify a whole snapshot held in memory; (header, tensors by key). SnapshotError if it fails."""
+    header = verify(blob)
     array = np.frombuffer(blob, dtype=np.uint8)
     tensors = {}
     for e in header["tensors"]:
@@ -315,6 +321,7 @@ class Snapshotter:
         self._copied = threading.Event()
         self._copied.set()
         self._pending: concurrent.futures.Future | None = None
+        self._inbox: torch.Tensor | None = None  # the peer's snapshot as received
         if self.peer is None and rank == 0 and world_size > 1:
             log.warning("snapshots: all %d ranks share one node, so snapshots have no replica on another node; "
                         "losing the node falls back to storage checkpoints", world_size)
@@ -395,17 +402,21 @@ class Snapshotter:
 
     def _replicate(self, step: int, path: Path) -> None:
         """Send our file to ``peer``, receive ``source``'s, verify and keep it, acknowledge both ways."""
-        mine = torch.from_numpy(np.fromfile(path, dtype=np.uint8))
+        mine = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c"))  # the page cache itself, no copy
         size_out, size_in = torch.tensor([mine.numel(), step], dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
         _exchange(self._group, [(self.peer, size_out)], [(self.source, size_in)])
         if int(size_in[1]) != step:
             raise SnapshotError(f"snapshot replication out of step: rank {self.source} sent step {int(size_in[1])}, "
                                 f"rank {self.rank} is at step {step}")
-        theirs = torch.empty(int(size_in[0]), dtype=torch.uint8)
+        if self._inbox is None or self._inbox.numel() != int(size_in[0]):
+            self._inbox = torch.empty(int(size_in[0]), dtype=torch.uint8)  # reused: the peer's size rarely changes
+        theirs = self._inbox
         _exchange(self._group, [(self.peer, mine)], [(self.source, theirs)])
+        sent = mine.numel()
+        del mine  # unmap our file before retention may delete it
         ok = torch.ones(1, dtype=torch.int64)
         try:
-            header, _ = decode(theirs.numpy().data)
+            header = verify(theirs.numpy().data)
             if header.get("owner") != self.source or header.get("step") != step:
                 raise SnapshotError(f"replica names rank {header.get('owner')} step {header.get('step')}")
             target = self.store.path(self.source, step)
@@ -420,7 +431,7 @@ class Snapshotter:
         _exchange(self._group, [(self.source, ok)], [(self.peer, ack)])
         if not int(ack):
             raise SnapshotError(f"rank {self.peer} refused the replica of rank {self.rank}'s step-{step} snapshot")
-        self.replicated_bytes += mine.numel()
+        self.replicated_bytes += sent
 
     # ---- abandoning a trajectory -----------------------------------------------------------
 

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 
@@ -47,6 +48,8 @@ from tasks.train.preemption import StopRequest
 from tasks.train.stragglers import StragglerDetector
 
 log = logging.getLogger(__name__)
+
+FOLDER_INSTANCE = "folder_instance"  # in the run folder: see Trainer._folder_instance
 
 
 # -- batch arithmetic -------------------------------------------------------------------------------
@@ -243,7 +246,7 @@ class Trainer:
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
                 interval_steps=cfg.snapshot.interval_steps, keep=cfg.snapshot.keep, directory=cfg.snapshot.dir,
                 identity={"fingerprint": self.checkpointer.config_fingerprint, "world_size": self.world_size,
-                          "layout": self.dims.describe()})
+                          "layout": self.dims.describe(), "folder": self._folder_instance()})
         self.resumed_from = self._resume()
         if self.resumed_from is None and cfg.init_from:
             # a fresh run starts from the folder's weights, each rank reading only its shards
@@ -297,6 +300,23 @@ class Trainer:
             goodput.append_event(self.run_dir, {"event": "restore", "time": time.time(), "world_size": self.world_size,
                                                 **event})
         return None if event is None else event["step"]
+
+    def _folder_instance(self) -> str:
+        """A name for this run folder's life, made when it first trains: a folder deleted and made again gets
+        another, so snapshots its predecessor left in the nodes' memory are never restored into it."""
+        box = [None]
+        if self.rank == 0:
+            url = contract.join(self.run_dir, FOLDER_INSTANCE)
+            fs, path = contract.filesystem(url)
+            if fs.exists(path):
+                box[0] = fs.cat_file(path).decode().strip()
+            else:
+                box[0] = uuid.uuid4().hex
+                with contract.atomic_write(url, "w") as f:
+                    f.write(box[0])
+        if self.world_size > 1:
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def _live_state(self) -> dict:
         """The state dicts as they are, optimizer state initialised (a fresh optimizer has none): the

@@ -22,7 +22,7 @@ from tasks.objectstore import StoreError, preflight
 from tasks.sample.crawl import write_sample_crawl
 from tasks.train.export import export_checkpoint
 from tasks.train.goodput import read_jsonl
-from tasks.train.launch import launch_torchrun
+from tasks.train.launch import launch_training
 from tests.engines.conftest import BUCKET
 from tests.tasks.train.token_corpus import make_corpus
 
@@ -118,7 +118,7 @@ def test_training_killed_after_a_committed_checkpoint_on_s3_resumes_from_it_and_
     run_dir = f"s3://{BUCKET}/train-kill"
     config = {**TINY, "steps": 6, "checkpoint": {"interval_steps": 4, "async_mode": "process"},
               "faults": {"inject": "kill:rank=1,step=5"}}
-    result = launch_torchrun(data={"main": corpus}, config=config, run_dir=run_dir, nproc=2, max_restarts=1,
+    result = launch_training(data={"main": corpus}, config=config, run_dir=run_dir, nproc=2, max_restarts=1,
                              timeout_s=300)
     summary = result["summary"]
     assert summary["steps"] == 6 and summary["resumed_from"] == 4 and summary["restarts"] == 1

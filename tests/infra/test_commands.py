@@ -8,6 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from infra.commands import plan_command, simulate_command
+from infra.recovery import NOT_IN_SMELT
 from infra.validation import summary, table
 
 app = typer.Typer()
@@ -225,14 +226,14 @@ def test_plan_names_its_recovery_mode_the_figures_that_decide_it_and_compares_th
     modes = {m["mode"]: m for m in out["recovery_modes"]}
     assert modes["storage"]["goodput"] < modes["snapshot"]["goodput"] < modes["in-process"]["goodput"]
     assert modes["snapshot"]["goodput"] == pytest.approx(out["goodput"], abs=1e-4)
-    assert not modes["in-process"]["in_smelt"] and "not yet in smelt's trainer" in modes["in-process"]["label"]
+    assert not modes["in-process"]["in_smelt"] and NOT_IN_SMELT in modes["in-process"]["label"]
 
 
 def test_in_process_is_marked_as_not_in_smelts_trainer_in_text_and_json():
     text = runner.invoke(app, ["plan", "--mtbf-gpu-hours", "8192", "--recovery", "in-process"]).stdout
-    assert "recovery: in-process (not yet in smelt's trainer)" in " ".join(text.split())
+    assert f"recovery: in-process ({NOT_IN_SMELT})" in " ".join(text.split())
     out = json.loads(runner.invoke(app, [*SEED, "--recovery", "in-process"]).stdout)
-    assert out["recovery"] == "in-process (not yet in smelt's trainer)" and not out["recovery_model"]["in_smelt"]
+    assert out["recovery"] == f"in-process ({NOT_IN_SMELT})" and not out["recovery_model"]["in_smelt"]
     assert out["recovery_model"]["deciding"][0] == "process-group (NCCL) init"
     assert [r["factor"] for r in out["sensitivity"]].count("process-group init") == 2
 

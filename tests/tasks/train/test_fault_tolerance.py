@@ -23,7 +23,7 @@ import torch
 from tasks.checkpoints import list_committed, load_consolidated
 from tasks.train.faults import fired_faults
 from tasks.train.goodput import read_jsonl
-from tasks.train.launch import excluded_hosts, free_port, launch_torchrun, prepare_run, start_torchrun
+from tasks.train.launch import excluded_hosts, free_port, launch_training, prepare_run, start_torchrun
 from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow
@@ -49,8 +49,8 @@ def config(faults: str = "", **sections) -> dict:
 
 def launch(corpus: str, run_dir, cfg: dict, max_restarts: int = 0) -> tuple[dict, list[str]]:
     lines: list[str] = []
-    result = launch_torchrun(data={"main": corpus}, config=cfg, run_dir=str(run_dir), nproc=2,
-                             max_restarts=max_restarts, timeout_s=300, log=lines.append)
+    result = launch_training(data={"main": corpus}, config=cfg, run_dir=str(run_dir), nproc=2,
+                             max_restarts=max_restarts, timeout_s=300, restart="torchrun", log=lines.append)
     return result, lines
 
 

@@ -16,7 +16,7 @@ import pytest
 from tasks import datasets
 from tasks.checkpoints import list_committed
 from tasks.train import goodput
-from tasks.train.launch import (LaunchError, check_not_excluded, code_version, launch_torchrun, prepare_run,
+from tasks.train.launch import (LaunchError, check_not_excluded, code_version, launch_training, prepare_run,
                                 torchrun_command)
 from tests.tasks.train.token_corpus import make_corpus
 
@@ -40,7 +40,7 @@ def test_rendezvous_is_c10d_on_loopback_not_standalone():
 def test_two_ranks_train_and_commit_a_checkpoint(tmp_path):
     corpus = make_corpus(str(tmp_path / "corpus"))
     lines: list[str] = []
-    result = launch_torchrun(data={"main": corpus}, config={**TINY, "steps": 3}, run_dir=str(tmp_path / "run"),
+    result = launch_training(data={"main": corpus}, config={**TINY, "steps": 3}, run_dir=str(tmp_path / "run"),
                              nproc=2, timeout_s=300, log=lines.append)
     assert result["returncode"] == 0 and result["restarts"] == 0
     summary = result["summary"]
@@ -94,7 +94,8 @@ def _ranks_of(run_dir: str) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
-def test_an_interrupt_stops_torchrun_and_every_rank(tmp_path):
+@pytest.mark.parametrize("restart", ["in-process", "torchrun"])
+def test_an_interrupt_stops_the_launcher_and_every_rank(tmp_path, restart):
     corpus = make_corpus(str(tmp_path / "corpus"))
     run_dir = str(tmp_path / "endless")
     seen: list[int] = []
@@ -105,20 +106,21 @@ def test_an_interrupt_stops_torchrun_and_every_rank(tmp_path):
             _thread.interrupt_main()
 
     with pytest.raises(KeyboardInterrupt):
-        launch_torchrun(data={"main": corpus}, config={**TINY, "steps": 1_000_000}, run_dir=run_dir, nproc=2,
-                        timeout_s=600, log=interrupt_once_training)
-    assert len(seen) >= 3  # torchrun and two ranks were running
+        launch_training(data={"main": corpus}, config={**TINY, "steps": 1_000_000}, run_dir=run_dir, nproc=2,
+                        timeout_s=600, restart=restart, log=interrupt_once_training)
+    assert len(seen) >= (3 if restart == "torchrun" else 2)  # torchrun (or a spare) and two ranks were running
     assert _ranks_of(run_dir) == []
 
 
 @pytest.mark.slow
-def test_a_timeout_is_an_error_and_leaves_no_process(tmp_path):
+@pytest.mark.parametrize("restart", ["in-process", "torchrun"])
+def test_a_timeout_is_an_error_and_leaves_no_process(tmp_path, restart):
     run_dir = str(tmp_path / "slow-start")
     corpus = make_corpus(str(tmp_path / "corpus"), tokens=4000)
     hangs = {**TINY, "steps": 1, "faults": {"inject": "stop:rank=0,step=1"}}  # can never finish: no race
     started = time.monotonic()
     with pytest.raises(LaunchError, match="ran past its 3 s timeout"):
-        launch_torchrun(data={"main": corpus}, config=hangs, run_dir=run_dir, nproc=2, timeout_s=3)
+        launch_training(data={"main": corpus}, config=hangs, run_dir=run_dir, nproc=2, timeout_s=3, restart=restart)
     assert time.monotonic() - started < 3 + 35
     assert _ranks_of(run_dir) == []
 
@@ -172,7 +174,7 @@ def test_a_bad_value_is_one_sentence_before_torchrun_starts(tmp_path, small_corp
     config = {**TINY, "steps": 3, **override}
     started = time.monotonic()
     with pytest.raises(ValueError) as raised:
-        launch_torchrun(data={"main": small_corpus}, config=config, run_dir=str(tmp_path / "run"), nproc=nproc,
+        launch_training(data={"main": small_corpus}, config=config, run_dir=str(tmp_path / "run"), nproc=nproc,
                         timeout_s=60)
     assert message in str(raised.value) and "\n" not in str(raised.value)
     assert not (tmp_path / "run").exists()  # nothing was prepared, so nothing was launched

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 import socket
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
 from tasks.checkpoints import list_committed, load_consolidated
+from tasks.datasets import normalize_url
 from tasks.train.goodput import read_jsonl
-from tasks.train.launch import free_port, launch_torchrun, prepare_run, start_torchrun
+from tasks.train.launch import free_port, launch_training, prepare_run, start_torchrun
 from tasks.train.snapshot import (
     SnapshotError,
     SnapshotStore,
@@ -29,6 +30,7 @@ from tasks.train.snapshot import (
     flatten,
     read_header,
     replica_peer,
+    run_key,
     unflatten,
     write_file,
 )
@@ -141,28 +143,30 @@ def corpus(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference")
-    launch_torchrun(data={"main": corpus}, config=config(), run_dir=str(run_dir), nproc=2, timeout_s=300,
+    launch_training(data={"main": corpus}, config=config(), run_dir=str(run_dir), nproc=2, timeout_s=300,
                     log=lambda line: None)
     return run_dir
 
 
 @pytest.mark.slow
-def test_a_rank_killed_mid_run_resumes_from_memory_losing_no_finished_step(corpus, reference, tmp_path, snapshot_store):
+def test_with_default_settings_a_rank_killed_mid_run_resumes_from_memory_losing_no_finished_step(corpus, reference, tmp_path, snapshot_store):
     lines: list[str] = []
-    launch_torchrun(data={"main": corpus}, config=config("kill:rank=1,step=7"), run_dir=str(tmp_path), nproc=2,
-                    max_restarts=1, timeout_s=300, log=lines.append)
+    launch_training(data={"main": corpus}, config=config("kill:rank=1,step=7"), run_dir=str(tmp_path), nproc=2,
+                    max_restarts=1, timeout_s=300, log=lines.append)  # default settings: smelt's agent
     [restore] = restores(tmp_path)
     assert (restore["source"], restore["step"], restore["refused"]) == ("snapshot", 6, []), restore
     assert restore["sources"] == {"0": "local", "1": "local"}
     assert steps_lost(tmp_path) <= 1
     assert_same_run(tmp_path, reference)
-    assert not any(os.scandir(snapshot_store)), "a finished run leaves its snapshots behind"
+    left = Path(snapshot_store) / run_key(normalize_url(str(tmp_path)))
+    assert not left.exists(), "a finished run leaves its snapshots behind"
 
 
 @pytest.mark.slow
 def test_a_corrupted_snapshot_is_refused_and_the_one_before_it_restored(corpus, reference, tmp_path):
-    launch_torchrun(data={"main": corpus}, config=config("corrupt_snapshot:rank=1,step=7"), run_dir=str(tmp_path),
-                    nproc=2, max_restarts=1, timeout_s=300, log=lambda line: None)
+    """Through torchrun's restart, the fallback: its restarted ranks restore from snapshots too."""
+    launch_training(data={"main": corpus}, config=config("corrupt_snapshot:rank=1,step=7"), run_dir=str(tmp_path),
+                    nproc=2, max_restarts=1, timeout_s=300, restart="torchrun", log=lambda line: None)
     [restore] = restores(tmp_path)
     assert restore["source"] == "snapshot" and restore["step"] == 5, restore
     [refused] = restore["refused"]
