@@ -20,7 +20,6 @@ Prints one JSON line. Usage: ``python bench/snapshot.py [--preset 125m] [--seq-l
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
@@ -31,30 +30,13 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tasks import datasets  # noqa: E402
 from tasks.train.agent import NodeAgent  # noqa: E402
 from tasks.train.goodput import read_jsonl  # noqa: E402
 from tasks.train.launch import free_port, prepare_run  # noqa: E402
-
-
-def random_tokens(url: str, tokens: int, vocab: int) -> str:
-    stream = np.random.default_rng(0).integers(1, vocab, tokens).astype("<u2")
-    index = io.BytesIO()
-    np.save(index, np.array([0], dtype=np.int64))
-    shards = [
-        datasets.write_shard(url, "train-00000.bin", lambda f: f.write(stream.tobytes()) and len(stream),
-                             split="train", tokens=len(stream), docs=1, dtype="uint16"),
-        datasets.write_shard(url, "train-00000.idx", lambda f: f.write(index.getvalue()) and 1,
-                             split="train", tokens=0, docs=1, dtype="int64"),
-    ]
-    meta = {"dtype": "uint16", "vocab_size": vocab, "eos_id": 0, "bos_id": None, "pad_id": None}
-    datasets.commit(url, "tokens", "bench-snapshot", shards, {"tokens": len(stream)}, meta=meta)
-    return url
+from train_cpu import write_random_tokens  # noqa: E402 - bench/, this script's folder, is on sys.path
 
 
 def run(work: Path, data: str, cfg: dict, name: str) -> list[dict]:
@@ -86,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="smelt-bench-snapshot-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
-        data = random_tokens(str(work / "tokens"), 200_000, 32000)
+        data = write_random_tokens(str(work / "tokens"), 200_000, 32000)
         base = {"model_preset": args.preset, "steps": args.steps, "data": {"seq_len": args.seq_len, "global_batch": 2},
                 "parallel": {"dp_shard": 2}, "checkpoint": {"interval_steps": 0, "async_mode": "off"},
                 "loss_guard": {"enabled": False}, "log_every": 1}

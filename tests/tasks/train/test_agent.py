@@ -15,7 +15,8 @@ import pytest
 from tasks.train.agent import NodeAgent
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import REPO_ROOT, free_port, prepare_run
-from tests.tasks.train.test_snapshot import _wait_for, assert_same_run, config, restores, steps_lost
+from tests.tasks.train.processes import wait_for
+from tests.tasks.train.test_snapshot import assert_same_run, config, restores, steps_lost
 from tests.tasks.train.test_snapshot import corpus, reference  # noqa: F401 - shared module fixtures
 
 pytestmark = pytest.mark.slow
@@ -100,7 +101,7 @@ def test_a_lost_node_is_replaced_by_a_new_agent_and_the_survivor_rejoins_without
         start("0", 0)
         start("1", 1)
         fired = run_dir / "faults" / "fired-stop-1-7"
-        _wait_for("the stop of rank 1 at step 7", fired.exists, 120, lines["0"] + lines["1"])
+        wait_for("the stop of rank 1 at step 7", fired.exists, 120, lines["0"] + lines["1"])
         agents["1"].lose_node()  # the node is gone: agent loop, rank, spare
         shutil.rmtree(stores["1"])
         start("1b", 1)

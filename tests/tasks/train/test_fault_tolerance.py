@@ -24,6 +24,7 @@ from tasks.checkpoints import list_committed, load_consolidated
 from tasks.train.faults import fired_faults
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import excluded_hosts, free_port, launch_training, prepare_run, start_torchrun
+from tests.tasks.train.processes import follow, kill_tree, listening
 from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow
@@ -197,29 +198,6 @@ def test_a_rank_three_times_slower_is_flagged_within_three_windows(nan_and_slow)
 RDZV_CONF = "last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _follow(proc, lines: list[str]) -> None:
-    for line in proc.stdout:
-        lines.append(line.rstrip())
-
-
-def _kill_tree(proc) -> None:
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
-
-
 def test_an_elastic_job_that_loses_a_node_finishes_on_the_other_with_the_same_global_batch(corpus, tmp_path):
     cfg = config()
     cfg.pop("parallel")  # dp_shard takes whatever world there is
@@ -229,24 +207,24 @@ def test_an_elastic_job_that_loses_a_node_finishes_on_the_other_with_the_same_gl
     agents = {}
     try:
         agents["A"] = start_torchrun(1, args, str(tmp_path), 2, port, nnodes="1:2", rdzv_conf=RDZV_CONF)
-        threading.Thread(target=_follow, args=(agents["A"], lines["A"]), daemon=True).start()
+        threading.Thread(target=follow, args=(agents["A"], lines["A"]), daemon=True).start()
         deadline = time.monotonic() + 60
-        while not _listening(port):  # A hosts the rendezvous store
+        while not listening(port):  # A hosts the rendezvous store
             assert time.monotonic() < deadline, "the first agent never opened its rendezvous port"
             time.sleep(0.2)
         agents["B"] = start_torchrun(1, args, str(tmp_path), 2, port, nnodes="1:2", rdzv_conf=RDZV_CONF)
-        threading.Thread(target=_follow, args=(agents["B"], lines["B"]), daemon=True).start()
+        threading.Thread(target=follow, args=(agents["B"], lines["B"]), daemon=True).start()
         deadline = time.monotonic() + 180
         while not any("step 4/12" in line for line in lines["A"]):
             assert time.monotonic() < deadline, "\n".join(lines["A"][-30:])
             time.sleep(0.2)
         workers = psutil.Process(agents["B"].pid).children(recursive=True)
         assert [w.environ().get("RANK") for w in workers] == ["1"], "rank 0 must run beside the store, on agent A"
-        _kill_tree(agents["B"])  # the node is lost: its agent and its rank, at once
+        kill_tree(agents["B"])  # the node is lost: its agent and its rank, at once
         assert agents["A"].wait(timeout=180) == 0, "\n".join(lines["A"][-40:])
     finally:
         for agent in agents.values():
-            _kill_tree(agent)
+            kill_tree(agent)
     groups = starts(tmp_path)
     # (A group of A alone may come first, if B joined after A's last call: B's arrival restarts it.)
     assert [g["world_size"] for g in groups][-2:] == [2, 1] and groups[-1]["resumed_from"] >= 2

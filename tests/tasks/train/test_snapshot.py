@@ -10,9 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import socket
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -34,6 +32,7 @@ from tasks.train.snapshot import (
     unflatten,
     write_file,
 )
+from tests.tasks.train.processes import follow, kill_tree, listening, wait_for
 from tests.tasks.train.token_corpus import make_corpus
 
 # -- the format and the store ----------------------------------------------------------------------------
@@ -175,36 +174,6 @@ def test_a_corrupted_snapshot_is_refused_and_the_one_before_it_restored(corpus, 
     assert_same_run(tmp_path, reference)
 
 
-def _follow(proc, lines: list[str]) -> None:
-    for line in proc.stdout:
-        lines.append(line.rstrip())
-
-
-def _kill_tree(proc) -> None:
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _wait_for(what: str, condition, timeout_s: float, lines: list[str]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not within {timeout_s:.0f} s:\n" + "\n".join(lines[-30:])
-        time.sleep(0.1)
-
-
 @pytest.mark.slow
 def test_a_lost_node_with_its_store_restores_every_rank_of_it_from_the_replica_on_the_other_node(
         corpus, reference, tmp_path, monkeypatch):
@@ -221,20 +190,20 @@ def test_a_lost_node_with_its_store_restores_every_rank_of_it_from_the_replica_o
     def start(name: str, store: str, port: int) -> None:
         monkeypatch.setenv("SMELT_SNAPSHOT_DIR", str(stores[store]))
         agents[name] = start_torchrun(1, args, str(run_dir), 0, port, nnodes="2", rdzv_conf=RDZV_CONF)
-        threading.Thread(target=_follow, args=(agents[name], lines[name]), daemon=True).start()
+        threading.Thread(target=follow, args=(agents[name], lines[name]), daemon=True).start()
         if name.startswith("A"):  # A hosts the rendezvous store: B must find it there
-            _wait_for(f"agent {name}'s rendezvous store", lambda: _listening(port), 60, lines[name])
+            wait_for(f"agent {name}'s rendezvous store", lambda: listening(port), 60, lines[name])
 
     try:
         port = free_port()
         start("A", "A", port)
         start("B", "B", port)
         fired = run_dir / "faults" / "fired-stop-1-7"
-        _wait_for("the stop of rank 1 at step 7", fired.exists, 180, lines["A"] + lines["B"])
+        wait_for("the stop of rank 1 at step 7", fired.exists, 180, lines["A"] + lines["B"])
         stopped = json.loads(fired.read_text())["pid"]
         b_tree = [p.pid for p in psutil.Process(agents["B"].pid).children(recursive=True)]
         assert stopped in b_tree, "rank 1 must run on node B (rank 0 beside the rendezvous store, on A)"
-        _kill_tree(agents["B"])
+        kill_tree(agents["B"])
         shutil.rmtree(stores["B"])  # the node's memory is gone with it
         assert agents["A"].wait(timeout=120) != 0, "A's rank must fail when its peer node is lost"
         port = free_port()
@@ -244,7 +213,7 @@ def test_a_lost_node_with_its_store_restores_every_rank_of_it_from_the_replica_o
             assert agents[name].wait(timeout=240) == 0, "\n".join(lines[name][-40:])
     finally:
         for agent in agents.values():
-            _kill_tree(agent)
+            kill_tree(agent)
     [restore] = restores(run_dir)
     assert restore["source"] == "snapshot" and restore["step"] == 6, restore
     peers = {rank: src for rank, src in restore["sources"].items() if src.startswith("peer:")}
