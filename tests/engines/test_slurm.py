@@ -65,6 +65,10 @@ def starts(job: dict) -> list[dict]:
     return [e for e in read_jsonl(job["run_dir"], "events.jsonl") if e["event"] == "start"]
 
 
+def restores(job: dict) -> list[dict]:
+    return [e for e in read_jsonl(job["run_dir"], "events.jsonl") if e["event"] == "restore"]
+
+
 def restart_now(cluster, job_id: str) -> None:
     """A requeued job may start once its old credentials expired (its EligibleTime, cred_expire=10 s
     here); then start it at once instead of at the scheduler's next cycle."""
@@ -75,9 +79,9 @@ def restart_now(cluster, job_id: str) -> None:
 
 
 def test_scancel_and_resubmit_then_the_time_limit_signal_each_resume_where_they_should(slurm_cluster, tmp_path):
-    """Job 1 is cancelled at step 6 (checkpoint 4 committed); the same command resubmitted resumes
-    from 4; near its "time limit" (step 9) the signal checkpoints step 9 and requeues; the rerun
-    resumes from 9 and completes."""
+    """Job 1 is cancelled at step 6 (checkpoint 4 committed, step 5 snapshotted in the nodes' memory); the
+    same command resubmitted resumes from the snapshot of 5; near its "time limit" (step 9) the signal
+    checkpoints step 9 and requeues; the rerun resumes from 9 and completes."""
     sets = ["train.steps=12", "train.checkpoint.interval_steps=4",
             "train.faults.inject=stop:rank=0,step=6;stop:rank=1,step=9"]
     job = launch(slurm_cluster, tmp_path, "run", sets)
@@ -106,7 +110,8 @@ def test_scancel_and_resubmit_then_the_time_limit_signal_each_resume_where_they_
     assert "stop requested (SIGUSR1): final checkpoint at step 9" in log.read_text()
     summary = json.loads((run_path(job) / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["world_size"] == 2 and summary["resumed_from"] == 9
-    assert [s["resumed_from"] for s in starts(job)] == [None, 4, 9]
+    assert [s["resumed_from"] for s in starts(job)] == [None, 5, 9]
+    assert [(e["source"], e["step"]) for e in restores(job)][0] == ("snapshot", 5)
 
 
 def test_a_node_taken_down_requeues_the_job_which_resumes(slurm_cluster, tmp_path):
@@ -122,5 +127,7 @@ def test_a_node_taken_down_requeues_the_job_which_resumes(slurm_cluster, tmp_pat
     assert slurm_cluster.wait_job(job["job_id"], {"COMPLETED", "FAILED"}, timeout=180) == "COMPLETED"
     assert slurm_cluster.job_field(job["job_id"], "Restarts") == "1"
     summary = json.loads((run_path(job) / "summary.json").read_text())
-    assert summary["steps"] == 12 and summary["resumed_from"] == 4
-    assert [s["resumed_from"] for s in starts(job)] == [None, 4]
+    # The node came back with its memory (as a rebooted node would not: test_snapshot.py covers a lost store).
+    assert summary["steps"] == 12 and summary["resumed_from"] == 5
+    assert [s["resumed_from"] for s in starts(job)] == [None, 5]
+    assert [(e["source"], e["step"]) for e in restores(job)] == [("snapshot", 5)]
