@@ -29,6 +29,7 @@ class LaunchConfig:
     # in-process: smelt's node agent replaces a failed rank with a warm spare and the others rejoin in their
     # own processes (tasks/train/agent.py); torchrun: every rank restarts (the fallback)
     restart: str = "in-process"
+    lease_wait_minutes: float = 0.0  # a run folder another launcher holds: 0 refuses at once, else wait this long
 
     def __post_init__(self) -> None:
         if self.restart not in ("in-process", "torchrun"):
@@ -37,6 +38,8 @@ class LaunchConfig:
             raise ValueError(f"launch.nproc must be at least 1, got {self.nproc}")
         if self.max_restarts < 0 or self.task_retries < 0:
             raise ValueError("launch.max_restarts and launch.task_retries must be >= 0")
+        if self.lease_wait_minutes < 0:
+            raise ValueError(f"launch.lease_wait_minutes must be >= 0, got {self.lease_wait_minutes}")
         if self.timeout_minutes <= 0:
             raise ValueError(f"launch.timeout_minutes must be positive, got {self.timeout_minutes}")
 

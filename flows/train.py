@@ -133,7 +133,8 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
         result = launch_training(
             data=sources, config=config, run_dir=url, nproc=int(launch["nproc"]),
             max_restarts=int(launch["max_restarts"]), timeout_s=float(launch["timeout_minutes"]) * 60,
-            restart=launch.get("restart", LaunchConfig.restart), log=logger.info,
+            restart=launch.get("restart", LaunchConfig.restart),
+            lease_wait_s=float(launch.get("lease_wait_minutes", LaunchConfig.lease_wait_minutes)) * 60, log=logger.info,
         )
     finally:
         stop.set()

@@ -34,13 +34,15 @@ import psutil
 
 from tasks import datasets as contract
 from tasks.config import from_dict
+from tasks.lease import LeaseHeld, acquire
 from tasks.train import goodput
 from tasks.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STOP_GRACE_S = 30.0  # torchrun forwards SIGTERM to its ranks and waits for them; then SIGKILL
+STOP_GRACE_S = 30.0
+LEASE_TIMEOUT_S = 60.0  # a launcher that stops renewing its run folder's lease for this long can be taken over  # torchrun forwards SIGTERM to its ranks and waits for them; then SIGKILL
 EXCLUDE_HOSTS = "exclude_hosts.json"
 
 
@@ -320,6 +322,7 @@ def launch_training(
     max_restarts: int = 0,
     timeout_s: float | None = None,
     restart: str = "in-process",
+    lease_wait_s: float = 0.0,
     rdzv_port: int | None = None,
     nnodes: str = "1",
     log: Callable[[str], None] = log.info,
@@ -330,7 +333,12 @@ def launch_training(
 
     ``restart``: ``in-process`` (smelt's node agent: a failed rank is replaced by a warm spare, the others
     rejoin without restarting) or ``torchrun`` (torchrun restarts every rank; also for ``nnodes`` other
-    than one, the elastic and multi-agent launches)."""
+    than one, the elastic and multi-agent launches).
+
+    One launcher per run folder: it holds the folder's lease (tasks/lease.py) from before it writes
+    anything until the ranks are done, renewing it; a second launcher is refused with one sentence
+    naming the holder, or waits ``lease_wait_s`` for it. The ranks do not check the lease's epoch yet
+    (fencing a stale trainer is issue 47's next step)."""
     if nproc < 1:
         raise ValueError(f"launch.nproc must be at least 1, got {nproc}")
     if restart not in RESTARTS:
@@ -338,6 +346,19 @@ def launch_training(
     low, _, high = nnodes.partition(":")
     preflight(from_dict(TrainConfig, config), data, sorted({int(low) * nproc, int(high or low) * nproc}))
     run_dir = contract.normalize_url(run_dir)
+    try:
+        lease = acquire(run_dir, timeout_s=LEASE_TIMEOUT_S, wait=lease_wait_s,
+                        on_wait=lambda held: log(f"waiting for the run folder's lease: {held.describe()}"))
+    except LeaseHeld as e:
+        raise LaunchError(str(e)) from None
+    with lease:
+        return _launch_leased(data, config, run_dir, nproc, max_restarts, timeout_s, restart, rdzv_port, nnodes, log)
+
+
+def _launch_leased(data: dict[str, str], config: dict, run_dir: str, nproc: int, max_restarts: int,
+                   timeout_s: float | None, restart: str, rdzv_port: int | None, nnodes: str,
+                   log: Callable[[str], None]) -> dict:
+    """``launch_training`` once this launcher holds the run folder's lease."""
     args = prepare_run(data, config, run_dir, log_line=log)
     started = time.monotonic()
     goodput.append_event(run_dir, {"event": "launch", "time": time.time(), "host": socket.gethostname(),

@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -195,3 +196,36 @@ def test_smelt_train_names_a_bad_value_in_one_sentence(tmp_path, small_corpus, o
     assert error.startswith("error: ") and message in error and "Traceback" not in result.stderr
     # (rich wraps the sentence at the terminal width; the test joins the lines)
     assert not (tmp_path / "train").exists()
+
+
+@pytest.mark.slow
+def test_a_second_launch_into_a_run_that_is_training_is_refused_naming_the_holder(tmp_path):
+    """One writer per run folder: the second launcher, started once the first is training (a gate, not a
+    sleep), refuses before writing anything; the run trains once, one record per step."""
+    corpus = make_corpus(str(tmp_path / "corpus"), tokens=4000)
+    run_dir = str(tmp_path / "run")
+    training = threading.Event()
+    release = threading.Event()
+
+    def first_log(line: str) -> None:
+        if "step 2/" in line:
+            training.set()
+            release.wait(timeout=120)  # hold the first run here (its log thread) until the second has tried
+
+    first = threading.Thread(target=launch_training, kwargs=dict(
+        data={"main": corpus}, config={**TINY, "steps": 6}, run_dir=run_dir, nproc=2, timeout_s=300, log=first_log))
+    first.start()
+    try:
+        assert training.wait(timeout=120), "the first run never reached step 2"
+        with pytest.raises(LaunchError) as refused:
+            launch_training(data={"main": corpus}, config={**TINY, "steps": 6}, run_dir=run_dir, nproc=2,
+                            timeout_s=300)
+    finally:
+        release.set()
+        first.join(timeout=300)
+    message = str(refused.value)
+    assert "is leased" in message and socket.gethostname() in message and "\n" not in message
+    events = goodput.read_jsonl(run_dir, goodput.EVENTS)
+    assert [e["event"] for e in events].count("launch") == 1
+    steps = [r["step"] for r in goodput.read_jsonl(run_dir, goodput.METRICS)]
+    assert steps == list(range(1, 7))
