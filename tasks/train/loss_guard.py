@@ -64,6 +64,12 @@ class LossGuard:
         self.history.append((step, loss))
         return None
 
+    def remember(self, accepted: list[tuple[int, float]]) -> None:
+        """Start from these (step, loss) pairs, oldest first: a resumed run judges its next loss against
+        the same recent history an uninterrupted run would have."""
+        self.history.clear()
+        self.history.extend(accepted[-self.cfg.window:])
+
     def forget_after(self, step: int) -> None:
         """Drop losses of steps after ``step``: the run rolled back to it."""
         kept = [(s, v) for s, v in self.history if s <= step]

@@ -120,6 +120,16 @@ class TrainState(Stateful):
 # shared with the flow's run folder: tasks/train/identity.py.
 
 
+def accepted_losses(run_dir: str, upto: int) -> list[tuple[int, float]]:
+    """(step, loss) of the steps up to ``upto`` on the run's final trajectory, from ``metrics.jsonl``: a step
+    trained again after a restart or a rollback keeps its last record; rejected steps are left out."""
+    losses: dict[int, float] = {}
+    for record in goodput.read_jsonl(run_dir, goodput.METRICS):
+        if "rolled_back_to" not in record and record["step"] <= upto:
+            losses[record["step"]] = record["loss"]
+    return sorted(losses.items())
+
+
 # -- process group --------------------------------------------------------------------------------------
 
 
@@ -257,6 +267,8 @@ class Trainer:
         faults = FaultInjector.from_config(cfg.faults, self.run_dir, self.rank)
         self.callbacks = Callbacks([faults, *self._extra_callbacks])
         self.loss_guard = LossGuard(cfg.loss_guard)
+        if self.resumed_from is not None:
+            self.loss_guard.remember(accepted_losses(self.run_dir, self.resumed_from))
         self.skips = SkipList(self.run_dir, writer=self.rank == 0)
         self.stragglers = StragglerDetector(cfg.stragglers, self.run_dir, rank=self.rank, world_size=self.world_size)
         self.stop_request = StopRequest(self.device)

@@ -147,3 +147,19 @@ def test_a_nan_before_any_checkpoint_records_the_skip_and_fails_for_a_restart(co
     summary = train(corpus, tmp_path, "steps=2")  # the restart: the NaN fault already fired
     assert summary["skipped"][0]["start"] == 0 and summary["skipped"][0]["rolled_back_to"] is None
     assert summary["tokens"] == 2 * 8 * 16
+
+
+def test_a_resumed_run_judges_its_next_loss_against_the_final_trajectorys_history(tmp_path):
+    """metrics.jsonl holds every attempt: the resumed guard keeps the last record of each step up to the resume
+    point, leaves out rejected steps and steps past it, and so sees what an uninterrupted run's guard saw."""
+    from tasks.train import goodput
+    from tasks.train.trainer import accepted_losses
+
+    run = str(tmp_path)
+    for step, loss in [(1, 5.0), (2, 4.0), (3, 3.5), (4, 9.9), (3, 3.4), (4, 3.3), (5, 3.2), (6, 3.1)]:
+        goodput.jsonlog.append(run, goodput.METRICS, {"step": step, "loss": loss})
+    goodput.jsonlog.append(run, goodput.METRICS, {"step": 7, "loss": 99.0, "rolled_back_to": 4})
+    assert accepted_losses(run, 5) == [(1, 5.0), (2, 4.0), (3, 3.4), (4, 3.3), (5, 3.2)]
+    guard = LossGuard(LossGuardConfig(window=3, min_history=3))
+    guard.remember(accepted_losses(run, 5))
+    assert list(guard.history) == [(3, 3.4), (4, 3.3), (5, 3.2)]
