@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import psutil
@@ -51,6 +51,7 @@ GEN_KEY = "smelt/agent/gen"
 ABORT_KEY = "smelt/agent/abort"
 STARTED_KEY = "smelt/agent/started"
 DONE_PREFIX = "smelt/agent/done/"
+GEN_ENV = "SMELT_GEN"  # a rank's generation; its presence means ranks restart in process (watchdog.py reads it)
 SPARE_FLAG = "--spare"
 STORE_TIMEOUT_S = 60.0
 POLL_S = 0.05
@@ -66,7 +67,6 @@ def _store(host: str, port: int, *, master: bool, timeout_s: float = STORE_TIMEO
 class _Proc:
     popen: subprocess.Popen
     rank: int | None = None  # None: a spare
-    lines: list[str] = field(default_factory=list)
 
 
 class NodeAgent:
@@ -115,7 +115,7 @@ class NodeAgent:
         proc.rank = rank
         assignment = {"RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": self.world_size,
                       "LOCAL_WORLD_SIZE": self.nproc, "GROUP_RANK": self.node_rank, "MASTER_ADDR": self.master_addr,
-                      "MASTER_PORT": self.master_port, "SMELT_GEN": gen}
+                      "MASTER_PORT": self.master_port, GEN_ENV: gen}
         proc.popen.stdin.write(json.dumps({k: str(v) for k, v in assignment.items()}) + "\n")
         proc.popen.stdin.flush()
         self.assignments.append({"rank": rank, "pid": proc.popen.pid, "generation": gen, "time": time.time()})
@@ -276,7 +276,7 @@ def run_rank(build_and_train: Callable[[], None], *, backend: str, timeout_s: fl
 
     env = os.environ
     store = _store(env["MASTER_ADDR"], int(env["MASTER_PORT"]), master=False)
-    gen = int(env["SMELT_GEN"])
+    gen = int(env[GEN_ENV])
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     while True:
         dist.init_process_group(backend, store=dist.PrefixStore(f"smelt/pg/{gen}", store), rank=rank,
@@ -296,4 +296,4 @@ def run_rank(build_and_train: Callable[[], None], *, backend: str, timeout_s: fl
                 raise RuntimeError(f"rank {rank}: no new generation within {rejoin_timeout_s:.0f} s after a peer "
                                    f"failed (or the job aborted); exiting for a relaunch") from e
             gen = new
-            env["SMELT_GEN"] = str(gen)
+            env[GEN_ENV] = str(gen)

@@ -46,7 +46,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import socket
 import struct
 import threading
@@ -575,7 +574,3 @@ def _exchange(group, sends: list[tuple[int, torch.Tensor]], recvs: list[tuple[in
     for w in works:
         w.wait()
 
-
-def clear(directory: str, run_dir_url: str) -> None:
-    """Delete this node's snapshots of a run (tests, and a user reclaiming memory)."""
-    shutil.rmtree(store_dir(directory) / run_key(run_dir_url), ignore_errors=True)

@@ -32,6 +32,7 @@ from tasks import datasets as contract
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
 from tasks.train import goodput, hf, metrics, pipeline, watchdog
+from tasks.train.agent import GEN_ENV
 from tasks.train.callbacks import Callback, Callbacks
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import DataConfig, TrainConfig
@@ -154,7 +155,7 @@ def _pick_device() -> torch.device:
 
 def restart_count() -> int:
     """Restarts of this job so far: torchrun's restart count, or the generation under smelt's agent."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SMELT_GEN") or 0)
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get(GEN_ENV) or 0)
 
 
 # -- the trainer -----------------------------------------------------------------------------------------

@@ -35,12 +35,12 @@ from datetime import timedelta
 import psutil
 import torch.distributed as dist
 
+from tasks.train.agent import GEN_ENV
 from tasks.train.config import WatchdogConfig
 
 log = logging.getLogger(__name__)
 
 HANG_EXIT_CODE = 75  # EX_TEMPFAIL: a temporary failure, worth a restart
-IN_PROCESS_ENV = "SMELT_GEN"  # set by smelt's agent: ranks restart in process (tasks/train/agent.py)
 STORE_TIMEOUT_S = 10.0
 
 
@@ -211,7 +211,7 @@ class ProgressWatchdog:
             silent, lagging = diagnose(first, second, self.world_size)
             text, killed = self._describe(silent, lagging, second)
             line += "; " + text
-        if killed and IN_PROCESS_ENV in os.environ:
+        if killed and GEN_ENV in os.environ:
             # smelt's agent (tasks/train/agent.py) replaces the killed rank; this one rejoins once its collective fails
             log.error("%s; this rank stays for an in-process restart", line)
             self._last_progress, self._early = time.monotonic(), None
