@@ -40,3 +40,26 @@ def token_sum_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, chunk_l
     parts = [checkpoint(_summed, x, y, use_reentrant=False, preserve_rng_state=False)
              for x, y in zip(flat.split(tokens), labels.split(tokens))]
     return sum(parts[1:], parts[0])
+
+
+def _per_token(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    losses = F.cross_entropy(logits.float(), targets, reduction="none")
+    return losses.sum(), losses.detach()
+
+
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, chunk_logits: int | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_sum_cross_entropy`` and, from the same softmax, every token's loss (detached, fp32, (B·T,)):
+    the per-sample records (tasks/train/sample_losses.py) cost a vector of B·T floats, not another pass over
+    the logits. Under ``loss_parallel`` the per-token losses are gathered from their DTensor (B·T floats)."""
+    flat, labels = logits.flatten(0, 1), targets.flatten()
+    vocab = logits.to_local().shape[-1] if isinstance(logits, DTensor) else logits.shape[-1]
+    tokens = max(1, (chunk_logits or CHUNK_LOGITS) // vocab)
+    if flat.shape[0] <= tokens:  # one chunk: recomputing it would save nothing
+        parts = [_per_token(flat, labels)]
+    else:
+        parts = [checkpoint(_per_token, x, y, use_reentrant=False, preserve_rng_state=False)
+                 for x, y in zip(flat.split(tokens), labels.split(tokens))]
+    total = sum((p[0] for p in parts[1:]), parts[0][0])
+    each = [p[1].full_tensor() if isinstance(p[1], DTensor) else p[1] for p in parts]
+    return total, each[0] if len(each) == 1 else torch.cat(each)

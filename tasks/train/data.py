@@ -34,7 +34,6 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from tasks.tokens import TokenStream
 
@@ -171,6 +170,26 @@ class _SampleOrder:
         return out
 
 
+class SampleSources:
+    """(dataset, sample) of global sample indices, reading no token: the loader draws its windows through
+    it and ``smelt trace`` (tasks/trace) maps a trained sequence back to its documents with it, so the two
+    cannot disagree. ``samples[k]`` is dataset ``names[k]``'s sample count, ``weights`` its normalised weight."""
+
+    def __init__(self, names: list[str], weights: dict[str, float], samples: list[int], seed: int) -> None:
+        self._chain = _chain([weights[n] for n in names], seed)
+        self._orders = [_SampleOrder(n_samples, seed, name) for name, n_samples in zip(names, samples)]
+
+    def __call__(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(dataset number, sample within that dataset's stream) per index, both int64."""
+        which, draw = _route(np.asarray(index, dtype=np.uint64), self._chain)
+        sample = np.zeros(len(draw), dtype=np.int64)
+        for k, order in enumerate(self._orders):
+            rows = np.flatnonzero(which == k)
+            if rows.size:
+                sample[rows] = order(draw[rows]).astype(np.int64)
+        return which, sample
+
+
 # --------------------------------------------------------------------------------------------
 # The loader.
 
@@ -210,14 +229,14 @@ class TokenLoader:
                 "change data.global_batch or the number of data-parallel ranks"
             )
         self.names = sorted(datasets)
+        self.urls = {n: datasets[n] for n in self.names}
         self.split, self.seq_len, self.global_batch, self.seed = split, seq_len, global_batch, seed
         self.dp_rank, self.dp_size, self.prefetch = dp_rank, dp_size, prefetch
         self.local_batch = global_batch // dp_size
         self._streams = [TokenStream(datasets[n], split, seq_len, cache_dir) for n in self.names]
         self._check_same_tokenizer()
         self.weights = self._normalised_weights(weights)
-        self._chain = _chain([self.weights[n] for n in self.names], seed)
-        self._orders = [_SampleOrder(st.samples, seed, n) for n, st in zip(self.names, self._streams)]
+        self.sources = SampleSources(self.names, self.weights, [st.samples for st in self._streams], seed)
         self._samples_consumed = 0
         self._queue: queue.Queue | None = None
         self._stop: threading.Event | None = None
@@ -275,6 +294,21 @@ class TokenLoader:
             "seed": self.seed,
         }
 
+    def order(self) -> dict:
+        """Everything that maps a global sample index to its tokens: ``SampleSources``' arguments, the
+        datasets and the window length (``lineage.json`` in a run folder; read by tasks/trace)."""
+        return {
+            "datasets": dict(self.urls),
+            "names": list(self.names),
+            "weights": dict(self.weights),
+            "samples": [int(s.samples) for s in self._streams],
+            "fingerprints": {n: s.fingerprint for n, s in zip(self.names, self._streams)},
+            "split": self.split,
+            "seq_len": self.seq_len,
+            "global_batch": self.global_batch,
+            "seed": self.seed,
+        }
+
     def state_dict(self) -> dict:
         """Samples consumed plus what must not change on resume (the world size may)."""
         return {"samples_consumed": self._samples_consumed, **self._identity()}
@@ -297,24 +331,25 @@ class TokenLoader:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def batch_at(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_at(self, start: int) -> tuple["torch.Tensor", "torch.Tensor"]:
         """This rank's slice of the global batch that begins at global sample index ``start``."""
+        import torch  # here, not at the top: smelt trace maps samples (SampleSources) without torch's import
+
         first = start + self.dp_rank * self.local_batch
         index = np.arange(first, first + self.local_batch, dtype=np.uint64)
-        which, draw = _route(index, self._chain)
+        which, sample = self.sources(index)
         windows = np.empty((self.local_batch, self.seq_len + 1), dtype=np.int64)
-        for k, (stream, order) in enumerate(zip(self._streams, self._orders)):
+        for k, stream in enumerate(self._streams):
             rows = np.flatnonzero(which == k)
             if rows.size:
-                sample = order(draw[rows]).astype(np.int64)
                 part = np.empty((rows.size, self.seq_len + 1), dtype=np.int64)
-                stream.read_windows(sample * self.seq_len, part)
+                stream.read_windows(sample[rows] * self.seq_len, part)
                 windows[rows] = part
         inputs = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
         targets = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
         return inputs, targets
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> tuple["torch.Tensor", "torch.Tensor"]:
         """(inputs, targets), each ``(global_batch // dp_size, seq_len)`` int64; advances one step."""
         if self._closed:
             raise RuntimeError("the loader is closed; build a new TokenLoader")

@@ -36,13 +36,14 @@ from tasks.train.agent import GEN_ENV
 from tasks.train.callbacks import Callback, Callbacks
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import DataConfig, TrainConfig
-from tasks.train.cross_entropy import token_sum_cross_entropy
+from tasks.train.cross_entropy import token_cross_entropy, token_sum_cross_entropy
 from tasks.train.data import TokenLoader
 from tasks.train.faults import FaultInjector
 from tasks.train.identity import config_fingerprint
 from tasks.train.loss_guard import LossGuard, SkippedRange, SkipList, skip_window
 from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
 from tasks.train.parallel_dims import ParallelDims
+from tasks.train.sample_losses import SampleLosses, write_lineage
 from tasks.train.parallelize import check_model_fits, compute_dtype, materialize, param_counts, parallelize_model
 from tasks.train.snapshot import Snapshotter
 from tasks.train.preemption import StopRequest
@@ -267,6 +268,12 @@ class Trainer:
         # 5. Fault tolerance: callbacks (injected faults first), the loss guard and its skipped samples, stragglers.
         faults = FaultInjector.from_config(cfg.faults, self.run_dir, self.rank)
         self.callbacks = Callbacks([faults, *self._extra_callbacks])
+        # per-sample losses (sample_losses.py): ranks holding the loss record their slice; rank 0 the loader's order
+        self.sample_losses = SampleLosses(self.run_dir, rank=self.rank, first_row=self.dims.dp_rank * self.batch.local_batch,
+                                          records=self.holds_last_stage and self.dims.tp_rank == 0)
+        self.callbacks.callbacks.append(self.sample_losses)
+        if self.rank == 0:
+            write_lineage(self.run_dir, self.loader)
         self.loss_guard = LossGuard(cfg.loss_guard)
         if self.resumed_from is not None:
             self.loss_guard.remember(accepted_losses(self.run_dir, self.resumed_from))
@@ -340,8 +347,13 @@ class Trainer:
     # -- one step -------------------------------------------------------------------------------
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Token-summed cross entropy over this rank's whole step: see the module docstring."""
-        return token_sum_cross_entropy(logits, targets) / self.batch.tokens_per_rank_step
+        """Token-summed cross entropy over this rank's whole step: see the module docstring. Each sequence's
+        loss is recorded from the same softmax (sample_losses.py)."""
+        if not self.sample_losses.enabled:
+            return token_sum_cross_entropy(logits, targets) / self.batch.tokens_per_rank_step
+        total, per_token = token_cross_entropy(logits, targets)
+        self.sample_losses.add(targets, per_token)
+        return total / self.batch.tokens_per_rank_step
 
     def _train_context(self) -> contextlib.ExitStack:
         """Loss parallel under TP (the vocabulary-sharded logits are never gathered); autocast when
@@ -358,7 +370,9 @@ class Trainer:
         (meaningful on ranks holding the last pipeline stage, zero elsewhere)."""
         total = torch.zeros((), device=self.device)
         with self._train_context():
-            for mb_inputs, mb_targets in zip(inputs.split(self.batch.micro_batch), targets.split(self.batch.micro_batch)):
+            for i, (mb_inputs, mb_targets) in enumerate(zip(inputs.split(self.batch.micro_batch),
+                                                            targets.split(self.batch.micro_batch))):
+                self.sample_losses.micro_batch(mb_targets, i * self.batch.micro_batch)
                 if self.schedule is None:
                     loss = self._loss(self.model_parts[0](mb_inputs), mb_targets)
                     loss.backward()
@@ -387,7 +401,9 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         """One optimizer step on the next global batch; returns its metrics record."""
         start, blocked_before = time.perf_counter(), self._blocked_s()
+        batch_start = self.loader.samples_consumed  # this step's samples: [batch_start, + global_batch)
         inputs, targets = self.loader.next_batch()
+        self.sample_losses.begin_step(step, batch_start)
         inputs, targets = inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
 
         lr = lr_at(step, self.cfg.optim, self.cfg.steps)
@@ -413,6 +429,7 @@ class Trainer:
         return {
             "step": step,
             "loss": loss,
+            "samples": [batch_start, batch_start + self.batch.global_batch],  # the ledger's source (tasks/trace)
             "grad_norm": grad_norm.item(),
             "lr": lr,
             "tokens": self.state.tokens,
