@@ -110,6 +110,12 @@ def map_token_shard(path: str, dtype: np.dtype) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
 
 
+def stream_shards(manifest: datasets.Manifest, split: str) -> list[datasets.ShardInfo]:
+    """The ``.bin`` shards whose concatenation is a split's stream, in order (train's loader, smelt trace)."""
+    return [s for s in manifest.shards
+            if s.extra.get("split") == split and s.name.endswith(".bin") and int(s.extra.get("tokens", s.rows))]
+
+
 class TokenStream:
     """The token stream of one split of one tokens dataset, read window by window.
 
@@ -122,8 +128,7 @@ class TokenStream:
         self.fingerprint = manifest.fingerprint
         self.meta = manifest.meta
         self.dtype = np.dtype(manifest.meta["dtype"]).newbyteorder("<")
-        shards = [s for s in manifest.shards
-                  if s.extra.get("split") == split and s.name.endswith(".bin") and int(s.extra.get("tokens", s.rows))]
+        shards = stream_shards(manifest, split)
         tokens = [int(s.extra.get("tokens", s.rows)) for s in shards]
         self.total = sum(tokens)
         self.samples = max(0, (self.total - 1) // seq_len)

@@ -5,6 +5,12 @@ One work item per document shard ``n`` (counting across all inputs, in order) wr
 A document goes to ``val`` iff ``hash_fraction(val_seed, id) < val_fraction``, so the held-out set
 depends on the document alone, not on sharding or order. Each shard's tokens are held in memory
 until written (about 2-4 bytes per token: memory is bounded by the document shard size).
+
+Lineage (issue 42): beside each token shard, ``<split>-NNNNN.docs.parquet`` has one row per document in
+token order (``LINEAGE_COLUMNS``): where it came from (documents dataset, shard, row), where it starts in the
+token shard and how many tokens and text bytes it has, and what ingest and dedup knew of it (URL, source,
+language and its score, classifier score, ``meta``: WARC file and offset, repository and path, ...). With the
+loader's order (tasks/train/data.py) any trained token maps back to its document (tasks/trace).
 """
 
 from __future__ import annotations
@@ -35,18 +41,41 @@ def _tokenizer(url: str, sha256: str) -> Tokenizer:
     return load_tokenizer(url)
 
 
+# Columns of a documents shard copied into the lineage (``text`` is read but not copied).
+CARRIED = ("id", "url", "source", "lang", "lang_score", "quality_score", "meta")
+LINEAGE_COLUMNS = (*CARRIED, "documents", "shard", "row", "token_start", "tokens", "text_bytes")
+
+
+def lineage_name(bin_name: str) -> str:
+    """The lineage shard beside a token shard: ``train-00003.bin`` -> ``train-00003.docs.parquet``."""
+    return bin_name[: -len(".bin")] + ".docs.parquet"
+
+
 class _SplitBuffer:
-    """Token arrays of one split of one shard, joined when the shard is written."""
+    """Token arrays of one split of one shard, and their documents' lineage rows, joined when written."""
 
     def __init__(self) -> None:
         self.tokens: list[np.ndarray] = []
         self.starts: list[np.ndarray] = []
         self.length = 0
+        self.lineage: dict[str, list] = {name: [] for name in LINEAGE_COLUMNS}
 
     def append(self, tokens: np.ndarray, starts: np.ndarray) -> None:
         self.tokens.append(tokens)
         self.starts.append(starts + self.length)
+        self.lineage["token_start"].extend((starts + self.length).tolist())
+        self.lineage["tokens"].extend(np.diff(np.append(starts, len(tokens))).tolist())
         self.length += len(tokens)
+
+    def write_lineage(self, f) -> int:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        types = {"lang_score": pa.float32(), "quality_score": pa.float32(), "row": pa.int64(),
+                 "token_start": pa.int64(), "tokens": pa.int64(), "text_bytes": pa.int64()}
+        table = pa.table({name: pa.array(values, types.get(name, pa.string())) for name, values in self.lineage.items()})
+        pq.write_table(table, f, compression="zstd", use_dictionary=["documents", "shard", "source", "lang"])
+        return 0  # a shard's rows count tokens (tasks/tokens.py): the lineage adds none
 
     def joined(self) -> tuple[np.ndarray, np.ndarray]:
         return np.concatenate(self.tokens), np.concatenate(self.starts)
@@ -66,16 +95,27 @@ def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, c
     dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     stats = datasets.Stats()
     buffers = {split: _SplitBuffer() for split in SPLITS}
-    for batch in iter_document_batches(url, shard, ["id", "text"], cfg.batch_docs):
+    documents_url = url[: -len(shard.name) - 1]  # shard_url = <dataset>/<name>
+    row = 0
+    for batch in iter_document_batches(url, shard, ["text", *CARRIED], cfg.batch_docs):
         texts: dict[str, list[str]] = {split: [] for split in SPLITS}
-        for doc_id, text in zip(batch.column("id").to_pylist(), batch.column("text").to_pylist()):
+        carried = {name: batch.column(name).to_pylist() for name in CARRIED}
+        for i, text in enumerate(batch.column("text").to_pylist()):
+            row += 1
             stats.add("in")
             if not text:
                 stats.add("dropped.empty_text")
                 continue
-            key = doc_id or text  # a document without an id is placed by its content
+            key = carried["id"][i] or text  # a document without an id is placed by its content
             split = "val" if hash_fraction(cfg.val_seed, key) < cfg.val_fraction else "train"
             texts[split].append(text)
+            lineage = buffers[split].lineage
+            for name in CARRIED:
+                lineage[name].append(carried[name][i])
+            lineage["documents"].append(documents_url)
+            lineage["shard"].append(shard.name)
+            lineage["row"].append(row - 1)
+            lineage["text_bytes"].append(len(text.encode("utf-8")))
         everything = texts["train"] + texts["val"]  # one call keeps all encoder threads busy
         encoded = [e.ids for e in tokenizer.encode_batch_fast(everything, add_special_tokens=False)]
         stats.add("bytes.text", sum(len(t.encode("utf-8")) for t in everything))
@@ -91,6 +131,8 @@ def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, c
             tokens, starts = buffer.joined()
             stats.add(f"tokens.{split}", len(tokens))
             shards += write_token_shard(output_url, f"{split}-{number:05d}", split, tokens, starts)
+            shards.append(datasets.write_shard(output_url, lineage_name(f"{split}-{number:05d}.bin"),
+                                               buffer.write_lineage, split=split, docs=len(starts)))
     return datasets.ShardResult(shards, stats)
 
 
