@@ -293,6 +293,24 @@ def evaluate(
     _emit(result, as_json, lambda r: render_eval(r, _out()))
 
 
+@app.command()
+def trace(
+    run: Annotated[str, typer.Option("--run", help="Run folder (any fsspec URL).")],
+    step: Annotated[Optional[int], typer.Option(help="List this step's sequences by loss, with their documents.")] = None,
+    top: Annotated[int, typer.Option(help="Sequences listed per step.")] = 5,
+    spikes: Annotated[bool, typer.Option("--spikes", help="Every rejected step and loss outlier, with its top documents.")] = False,
+    z: Annotated[float, typer.Option(help="--spikes: robust standard deviations above the neighbouring steps.")] = 4.0,
+    document: Annotated[Optional[str], typer.Option(help="When the document at this URL was trained on.")] = None,
+    ledger: Annotated[bool, typer.Option("--ledger", help="How many applied updates each sample entered.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Which documents made that step: from training steps back to the crawl (tasks/trace)."""
+    from tasks.trace.report import answer, render
+
+    result = answer(run, step=step, top=top, spikes_=spikes, z=z, document_url=document, ledger_=ledger)
+    _emit(result, as_json, lambda r: print(render(r)))
+
+
 @server_app.command("start")
 def server_start(
     port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None,

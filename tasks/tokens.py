@@ -110,6 +110,12 @@ def map_token_shard(path: str, dtype: np.dtype) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
 
 
+def lineage_name(bin_name: str) -> str:
+    """The lineage shard the tokenize stage writes beside a token shard (``train-00003.bin`` ->
+    ``train-00003.docs.parquet``: one row per document, tasks/tokenize/stage.py)."""
+    return bin_name[: -len(".bin")] + ".docs.parquet"
+
+
 def stream_shards(manifest: datasets.Manifest, split: str) -> list[datasets.ShardInfo]:
     """The ``.bin`` shards whose concatenation is a split's stream, in order (train's loader, smelt trace)."""
     return [s for s in manifest.shards

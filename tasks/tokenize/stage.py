@@ -27,7 +27,7 @@ from tasks.tokenize.config import SpecialTokens, TokenizeConfig
 from tasks.tokenize.shards import document_shards, iter_document_batches, join_documents
 from tasks.tokenize.tokenizer import hash_fraction, special_ids
 from tasks.tokenizer_files import TOKENIZER_FILE, load_tokenizer, tokenizer_json_url
-from tasks.tokens import token_dtype, write_token_shard
+from tasks.tokens import lineage_name, token_dtype, write_token_shard
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +44,6 @@ def _tokenizer(url: str, sha256: str) -> Tokenizer:
 # Columns of a documents shard copied into the lineage (``text`` is read but not copied).
 CARRIED = ("id", "url", "source", "lang", "lang_score", "quality_score", "meta")
 LINEAGE_COLUMNS = (*CARRIED, "documents", "shard", "row", "token_start", "tokens", "text_bytes")
-
-
-def lineage_name(bin_name: str) -> str:
-    """The lineage shard beside a token shard: ``train-00003.bin`` -> ``train-00003.docs.parquet``."""
-    return bin_name[: -len(".bin")] + ".docs.parquet"
 
 
 class _SplitBuffer:

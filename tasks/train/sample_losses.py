@@ -2,7 +2,7 @@
 
 What is written, beside ``metrics.jsonl`` in the run folder (any fsspec URL):
 
-- ``sample_losses/part-r<rank>-<first step>-<last step>-<id>.parquet``: columns ``step``, ``sample`` (the global
+- ``sample_losses/part-<first step>-<last step>-r<rank>-<time ns>.parquet``: columns ``step``, ``sample`` (the global
   sample index, tasks/train/data.py) and ``loss`` (the sequence's mean per-token loss, fp32). Each rank that
   computes a loss writes its own data-parallel slice, so no collective is added to a step; one part per flush:
   at every checkpoint save (``on_save_end``) and every ``flush_steps`` steps. Steps tried more than once (a
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
+import time
 
 import numpy as np
 import torch
@@ -106,7 +106,7 @@ class SampleLosses(Callback):
         samples = np.concatenate([np.arange(p[1], p[1] + len(p[2]), dtype=np.int64) for p in self._pending])
         first, last = int(steps.min()), int(steps.max())
         table = pa.table({"step": steps, "sample": samples, "loss": losses})
-        name = f"part-r{self.rank:05d}-{first:08d}-{last:08d}-{uuid.uuid4().hex[:8]}.parquet"
+        name = f"part-{first:08d}-{last:08d}-r{self.rank:05d}-{time.time_ns():020d}.parquet"  # steps first: readers pick by name
         with contract.atomic_write(contract.join(self.dir, name)) as f:
             pq.write_table(table, f, compression="zstd")
         self._pending.clear()
