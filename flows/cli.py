@@ -311,6 +311,23 @@ def trace(
     _emit(result, as_json, lambda r: print(render(r)))
 
 
+@app.command()
+def report(
+    run_dir: Annotated[str, typer.Argument(help="A run folder: <root>/train/<run identity> (any fsspec URL).")],
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Where to write the page (default <run folder>/report.html).")] = None,
+    root: Annotated[Optional[str], typer.Option("--root", help="Where the run's evaluations are (default: the run's root).")] = None,
+) -> None:
+    """One self-contained HTML page of a run: config, curves, goodput, faults, stragglers, checkpoints, data funnel."""
+    from tasks.datasets import DatasetError
+    from tasks.report.publish import write_report
+
+    if not os.path.isdir(run_dir) and "://" not in run_dir:
+        raise DatasetError(f"no run folder at {run_dir}")
+    written = write_report(run_dir, output=output, root=root)
+    console.print(f"wrote {written['url']} ({written['bytes']:,} bytes); TensorBoard: tensorboard --logdir "
+                  f"{run_dir.rstrip('/')}/tensorboard", soft_wrap=True)
+
+
 @server_app.command("start")
 def server_start(
     port: Annotated[Optional[int], typer.Option(help="Port on 127.0.0.1 (default: a free one).")] = None,
@@ -444,6 +461,7 @@ def main() -> None:
     """Entry point: user mistakes become one sentence on stderr and exit code 2."""
     from tasks.config import ConfigError
     from tasks.datasets import DatasetError
+    from tasks.errors import StageFailed
 
     from infra.launch.job import SubmitError
     from tasks.objectstore import StoreError
@@ -453,8 +471,11 @@ def main() -> None:
     try:
         _preflight_stores(sys.argv[1:])
         app()
+    except StageFailed:
+        sys.exit(2)  # the flow run's last log line is already the sentence (flows/common.fails_in_one_sentence)
     except (ConfigError, DatasetError, FileNotFoundError, ValueError, StoreError, SubmitError) as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}")  # messages name [sections]: not markup
+        # messages name [sections]: not markup; one line however long, so a log keeps it whole
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         sys.exit(2)
 
 

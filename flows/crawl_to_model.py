@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.common import fails_in_one_sentence, retry_options
 from flows.config import RunConfig, load_run_config, section
 from flows.dask_runtime import dask_cluster
 from flows.dedup import dedup_output, dedup_task
@@ -66,6 +67,7 @@ def data_stages_pending(web: list[str], code: list[str], root: str, cfg: RunConf
 
 
 @flow(name="crawl-to-model")
+@fails_in_one_sentence
 def crawl_to_model(inputs: list[str] | None = None, code_inputs: list[str] | None = None,
                    root: str = "smelt-data", config_path: str | None = None,
                    overrides: list[str] | None = None, dask_address: str | None = None) -> dict:
@@ -107,7 +109,7 @@ def crawl_to_model(inputs: list[str] | None = None, code_inputs: list[str] | Non
     train_cfg = section(cfg, "train")
     if len(tokens) > 1 and not train_cfg["data"]["mixture"]:
         train_cfg["data"]["mixture"] = {name: cfg.mixture[name] for name in tokens}
-    train = train_task.with_options(retries=cfg.launch.task_retries, retry_delay_seconds=5)(
+    train = train_task.with_options(**retry_options(cfg.launch.task_retries))(
         [f"{name}={t['url']}" for name, t in tokens.items()], root, train_cfg, section(cfg, "launch"))
     evaluation = eval_task(train["checkpoint"], None, root, section(cfg, "eval"))  # every split
     stages += [train, evaluation]

@@ -57,8 +57,8 @@ def dask_cluster(address: str | None = None, n_workers: int | None = None) -> It
         threads_per_worker=1,
         processes=True,
         host="127.0.0.1",
-        dashboard_address=None,
-        silence_logs=logging.ERROR,
+        dashboard_address=":0",  # a free port: a fixed one warns when another cluster holds it
+        silence_logs=logging.CRITICAL,  # every task error reaches the client, which raises it once (tasks/errors.py)
     ) as cluster:
         yield cluster.scheduler_address
 

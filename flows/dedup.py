@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import planned_output, run_on_dask
+from flows.common import fails_in_one_sentence, one_sentence_failures, planned_output, retry_options, run_on_dask
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.dedup.config import DedupConfig
@@ -18,7 +18,8 @@ def dedup_output(input_fps: list[str], root: str, cfg: DedupConfig) -> tuple[str
     return planned_output(root, STAGE, cfg, input_fps, "tasks.dedup")
 
 
-@task(name="dedup", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+@task(name="dedup", cache_policy=NO_CACHE, **retry_options(1))
+@one_sentence_failures(STAGE)
 def dedup_task(inputs: list[str], root: str, config: dict, dask_address: str | None = None,
                output: str | None = None) -> dict:
     """Run (or reuse) dedup over documents datasets or raw JSONL/Parquet files with id and text."""
@@ -31,6 +32,7 @@ def dedup_task(inputs: list[str], root: str, config: dict, dask_address: str | N
 
 
 @flow(name="dedup")
+@fails_in_one_sentence
 def dedup_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
                dask_address: str | None = None, output: str | None = None) -> dict:
     """Remove exact and near-duplicate documents (MinHash LSH)."""

@@ -19,7 +19,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import StageOutcome, artifact_key, planned_output
+from flows.common import (StageOutcome, artifact_key, fails_in_one_sentence, one_sentence_failures, planned_output,
+                          publish_run_report, retry_options)
 from tasks import datasets
 from tasks.checkpoints import resolve as resolve_checkpoint, run_dir_of, step_of
 from tasks.config import from_dict
@@ -84,7 +85,8 @@ def _loss_plot(run_dir: str, evaluations: list[dict]) -> bytes | None:
                        f"{latest['val_loss']:.3f}, perplexity {latest['perplexity']:.1f} at step {evaluations[-1]['step']}")
 
 
-@task(name="eval", cache_policy=NO_CACHE, retries=1)
+@task(name="eval", cache_policy=NO_CACHE, **retry_options(1, delay_s=0))
+@one_sentence_failures(STAGE)
 def eval_task(checkpoint: str, data: str | None, root: str | None, config: dict) -> dict:
     """Evaluate (or look up the evaluation of) one checkpoint; returns a StageOutcome dict + metrics,
     or ``skipped`` with the reason when the checkpoint is gone."""
@@ -121,6 +123,8 @@ def eval_task(checkpoint: str, data: str | None, root: str | None, config: dict)
                            dict(manifest.stats)).to_dict()
     outcome.update(checkpoint=step_url, run=run_dir, step=manifest.meta["step"], splits=manifest.meta["splits"],
                    probes=manifest.meta["probes"])
+    if not reused:
+        publish_run_report(run_dir, root)  # the run's report and TensorBoard gain this checkpoint's evaluation
     return outcome
 
 
@@ -170,6 +174,7 @@ def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str,
 
 
 @flow(name="eval")
+@fails_in_one_sentence
 def eval_flow(checkpoint: str, data: str | None = None, root: str | None = None, config: dict | None = None) -> dict:
     """Evaluate a checkpoint URL (a step folder or a run folder's newest committed checkpoint) on every
     validation split of the run's data; results land under ``root`` (default: the run's own root)."""

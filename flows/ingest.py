@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import planned_output, run_on_dask
+from flows.common import fails_in_one_sentence, one_sentence_failures, planned_output, retry_options, run_on_dask
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.counters import funnel
@@ -36,7 +36,8 @@ def ingest_output(inputs: list[str], root: str, cfg: IngestConfig) -> tuple[list
     return urls, url, fp
 
 
-@task(name="ingest", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+@task(name="ingest", cache_policy=NO_CACHE, **retry_options(1))
+@one_sentence_failures(STAGE)
 def ingest_task(inputs: list[str], root: str, config: dict, dask_address: str | None = None,
                 output: str | None = None) -> dict:
     """Run (or reuse) the ingest stage; returns a StageOutcome dict with the dataset URL."""
@@ -49,6 +50,7 @@ def ingest_task(inputs: list[str], root: str, config: dict, dask_address: str | 
 
 
 @flow(name="ingest")
+@fails_in_one_sentence
 def ingest_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
                 dask_address: str | None = None, output: str | None = None) -> dict:
     """Filter raw crawl files (WARC, WET, JSONL, Parquet; any fsspec URL or glob) into documents."""
@@ -63,7 +65,8 @@ def code_ingest_output(inputs: list[str], root: str, cfg: CodeIngestConfig) -> t
     return urls, url, fp
 
 
-@task(name="ingest-code", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+@task(name="ingest-code", cache_policy=NO_CACHE, **retry_options(1))
+@one_sentence_failures(CODE_STAGE)
 def code_ingest_task(inputs: list[str], root: str, config: dict, dask_address: str | None = None,
                      output: str | None = None) -> dict:
     """Run (or reuse) source-code ingest: files, archives or trees → code documents."""
@@ -76,6 +79,7 @@ def code_ingest_task(inputs: list[str], root: str, config: dict, dask_address: s
 
 
 @flow(name="ingest-code")
+@fails_in_one_sentence
 def code_ingest_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
                      dask_address: str | None = None, output: str | None = None) -> dict:
     """Filter source files (JSONL/Parquet records, tar/zip archives, directory trees) into code documents."""

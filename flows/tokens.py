@@ -7,7 +7,8 @@ import dataclasses
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import planned_output, reuse_or_run, run_on_dask
+from flows.common import (fails_in_one_sentence, one_sentence_failures, planned_output, retry_options, reuse_or_run,
+                          run_on_dask)
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.objectstore import preflight_all
@@ -27,7 +28,8 @@ def tokens_output(input_fps: list[str], tokenizer_fp: str, root: str, cfg: Token
     return planned_output(root, STAGE, config, [*input_fps, tokenizer_fp], "tasks.tokenize")
 
 
-@task(name="train-tokenizer", cache_policy=NO_CACHE, retries=1)
+@task(name="train-tokenizer", cache_policy=NO_CACHE, **retry_options(1, delay_s=0))
+@one_sentence_failures(TOKENIZER_STAGE)
 def tokenizer_task(inputs: list[str], root: str, config: dict, output: str | None = None) -> dict:
     """Train (or reuse) a byte-level BPE tokenizer on documents datasets (``config``: ``[tokenizer]``)."""
     cfg = from_dict(TokenizerConfig, config)
@@ -38,7 +40,8 @@ def tokenizer_task(inputs: list[str], root: str, config: dict, output: str | Non
                         lambda: train_tokenizer(manifests, url, cfg, fingerprint=fp)).to_dict()
 
 
-@task(name="tokenize", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+@task(name="tokenize", cache_policy=NO_CACHE, **retry_options(1))
+@one_sentence_failures(STAGE)
 def tokenize_task(inputs: list[str], tokenizer_url: str, root: str, config: dict,
                   dask_address: str | None = None, output: str | None = None,
                   tokenizer_config: dict | None = None) -> dict:
@@ -58,6 +61,7 @@ def tokenize_task(inputs: list[str], tokenizer_url: str, root: str, config: dict
 
 
 @flow(name="tokenize")
+@fails_in_one_sentence
 def tokenize_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
                   tokenizer: str | None = None, dask_address: str | None = None, output: str | None = None,
                   tokenizer_config: dict | None = None) -> dict:
@@ -71,6 +75,7 @@ def tokenize_flow(inputs: list[str], root: str = "smelt-data", config: dict | No
 
 
 @flow(name="train-tokenizer")
+@fails_in_one_sentence
 def tokenizer_flow(inputs: list[str], root: str = "smelt-data", config: dict | None = None,
                    output: str | None = None) -> dict:
     """Train a byte-level BPE tokenizer on documents datasets."""

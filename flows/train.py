@@ -19,7 +19,8 @@ from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from flows.common import StageOutcome, artifact_key
+from flows.common import (StageOutcome, artifact_key, fails_in_one_sentence, one_sentence_failures, publish_run_report,
+                          retry_options)
 from flows.config import LaunchConfig
 from tasks import datasets
 from tasks.config import from_dict
@@ -58,9 +59,8 @@ class CheckpointPublisher:
         self.published: set[int] = set(json.loads(fs.cat_file(path))) if fs.exists(path) else set()
 
     def poll(self) -> None:
-        for ckpt in list_committed(self.run_dir, checksums=False):
-            if ckpt["step"] in self.published:
-                continue
+        new = [c for c in list_committed(self.run_dir, checksums=False) if c["step"] not in self.published]
+        for ckpt in new:
             create_link_artifact(
                 key=artifact_key(f"smelt-checkpoint-{self.run_name}"),
                 link=ckpt["url"],
@@ -77,6 +77,8 @@ class CheckpointPublisher:
             self.published.add(ckpt["step"])
             with datasets.atomic_write(self.marker, "w") as f:
                 f.write(json.dumps(sorted(self.published)))
+        if new:  # the report follows the run checkpoint by checkpoint
+            publish_run_report(self.run_dir, self.root)
 
     def follow(self, stop: threading.Event, every_s: float = 2.0) -> None:
         while not stop.wait(every_s):
@@ -102,7 +104,8 @@ def publish_run_reports(run_dir: str, run_name: str) -> None:
                                   description=f"wall-time split of {run_dir}")
 
 
-@task(name="train", cache_policy=NO_CACHE)
+@task(name="train", cache_policy=NO_CACHE, **retry_options(0))
+@one_sentence_failures(STAGE)
 def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: str | None = None) -> dict:
     """Train, continue or reuse the run ``config`` names on ``data``; returns a StageOutcome dict whose url is
     the run folder. A finished run is reused when it reached ``steps``; one that stopped short continues."""
@@ -152,6 +155,7 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
         inputs=list(manifests.values()), config=cfg,
         meta={"checkpoint": relative_step(final["step"]), "step": final["step"], "summary": summary, "data": sources},
     )
+    publish_run_report(url, datasets.normalize_url(root))  # finished, with the final summary's goodput
     return _outcome(url, manifest, reused=False, seconds=result["seconds"])
 
 
@@ -169,11 +173,11 @@ def dry_run_report(data: list[str], config: dict, nproc: int) -> dict[str, Any]:
 
 
 @flow(name="train")
+@fails_in_one_sentence
 def train_flow(data: list[str], root: str = "smelt-data", config: dict | None = None,
                launch: dict | None = None, run_dir: str | None = None) -> dict:
     """Launch torchrun on token datasets; Prefect retries the whole launch when the agent gives up."""
     preflight_all(data, root, run_dir)
     launch = launch or dataclasses.asdict(LaunchConfig())
     dry_run_report(data, config or {}, int(launch["nproc"]))  # user mistakes: one sentence, before any retry
-    return train_task.with_options(retries=int(launch["task_retries"]), retry_delay_seconds=5)(
-        data, root, config or {}, launch, run_dir)
+    return train_task.with_options(**retry_options(int(launch["task_retries"])))(data, root, config or {}, launch, run_dir)

@@ -26,8 +26,10 @@ def serial_map(fn: Callable[[T], R], items: Sequence[T], *, label: str = "") -> 
 
 
 class ClientMap:
-    """A ``MapFn`` over a ``distributed.Client``: one task per item, ``retries`` reruns if its worker
-    dies, and a progress line (``label: k/n work items done``) at every tenth of a long map."""
+    """A ``MapFn`` over a ``distributed.Client``: one task per item, ``retries`` reruns of an item that
+    failed transiently (tasks/errors.py; a dead worker's items are rerun by Dask itself), a permanent
+    failure raised once, at once, with the rest cancelled, and rate-limited progress lines
+    (tasks/progress.py: items, records/s, ETA)."""
 
     def __init__(self, client: Any, retries: int = 2, log_fn: Callable[[str], None] | None = None):
         self.client, self.retries, self.log_fn = client, retries, log_fn or log.info
@@ -35,15 +37,20 @@ class ClientMap:
     def __call__(self, fn: Callable[[T], R], items: Sequence[T], *, label: str = "") -> list[R]:
         from distributed import as_completed
 
+        from tasks.errors import Guarded, RemoteFailure
+        from tasks.progress import MapProgress
+
         if not items:
             return []
-        futures = self.client.map(fn, list(items), retries=self.retries, pure=False)
+        futures = self.client.map(Guarded(fn), list(items), retries=self.retries, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         results: list = [None] * len(futures)
-        step = max(1, len(futures) // 10)
+        progress = MapProgress(label or getattr(fn, "__name__", "map"), len(futures), self.log_fn)
         # with_results: results come over in the background as tasks finish, not one round trip each
-        for done, (future, result) in enumerate(as_completed(futures, with_results=True), 1):
+        for future, result in as_completed(futures, with_results=True):
+            if isinstance(result, RemoteFailure):
+                self.client.cancel(futures)
+                result.reraise()
             results[index[future.key]] = result
-            if done == len(futures) or done % step == 0:
-                self.log_fn(f"{label or getattr(fn, '__name__', 'map')}: {done}/{len(futures)} work items done")
+            progress.update(result)
         return results

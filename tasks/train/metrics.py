@@ -1,5 +1,5 @@
-"""Training metrics: per-step JSONL (always) and TensorBoard (if installed), MFU against a device
-peak, and peak memory.
+"""Training metrics: per-step JSONL and TensorBoard scalars, progress lines, MFU against a device peak,
+and peak memory.
 
 MFU = tokens/s × FLOPs per token / (world size × peak FLOP/s per device), with FLOPs per token
 = 6·N + 12·L·H·Q·T (ModelConfig.flops_per_token). The peak comes from a catalogue of dense bf16
@@ -8,18 +8,23 @@ rates for accelerators and from a measured matmul rate on CPU.
 
 from __future__ import annotations
 
+import json
 import logging
 import resource
 import time
 from functools import cache
 
 import torch
-from fsspec.implementations.local import LocalFileSystem
 
 from tasks import datasets as contract
 from tasks import jsonlog
+from tasks.progress import StepProgress
+from tasks.tb_events import EventWriter
 
 METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"  # <run_dir>/tensorboard/: `tensorboard --logdir <run_dir>/tensorboard`
+TRAIN_RUN = "train"  # the trainer's TensorBoard run; the flows write the run's derived scalars beside it
+NOT_SCALARS = {"step", "time", "group", "lease_epoch"}  # bookkeeping, not curves
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +98,14 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 class MetricsLogger:
-    """Writes one JSON object per step to the run's ``metrics.jsonl`` log; only the writing rank opens it.
+    """Writes one JSON object per step to the run's ``metrics.jsonl`` log and its numbers as TensorBoard
+    scalars (``train/<key>`` under ``<run_dir>/tensorboard/train/``), and logs rate-limited progress
+    (step/s, tokens/s, ETA: tasks/progress.py); only the writing rank opens them.
 
     The log is appended to on local disk and written as rolled segments on object stores
-    (tasks/jsonlog.py); ``goodput.read_jsonl`` and the eval report read either.
+    (tasks/jsonlog.py, tasks/tb_events.py); ``goodput.read_jsonl`` and the eval report read either.
+    Each process group starts a new event file: TensorBoard drops the points of a file that a later
+    file's earlier step supersedes, as the run's final trajectory does.
     """
 
     def __init__(self, run_dir: str, *, enabled: bool) -> None:
@@ -104,21 +113,27 @@ class MetricsLogger:
         self.url = contract.join(contract.normalize_url(run_dir), METRICS)
         self._log = None
         self._tb = None
+        self._progress = None
         if not enabled:
             return
         self._log = jsonlog.Segment(run_dir, METRICS)
-        fs, path = contract.filesystem(self.url)
-        if isinstance(fs, LocalFileSystem):
-            self._tb = _maybe_tensorboard(path.rsplit("/", 1)[0] + "/tb")
+        self._tb = EventWriter(contract.join(contract.normalize_url(run_dir), TENSORBOARD, TRAIN_RUN))
+        steps = _configured_steps(run_dir)
+        if steps:
+            self._progress = StepProgress(steps, log.info)
 
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
         self._log.write(record)
-        if self._tb is not None and "step" in record:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, record["step"])
+        if "step" not in record:
+            return
+        self._tb.scalars({f"train/{k}": v for k, v in record.items()
+                          if k not in NOT_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)},
+                         record["step"], record.get("time"))
+        self._tb.flush()
+        if self._progress is not None and "rolled_back_to" not in record and "tokens" in record:
+            self._progress.update(record["step"], record["tokens"])
 
     def close(self) -> None:
         if self._log is not None:
@@ -129,9 +144,10 @@ class MetricsLogger:
             self._tb = None
 
 
-def _maybe_tensorboard(log_dir: str):
+def _configured_steps(run_dir: str) -> int | None:
+    """``train.steps`` of the launch, from the run folder's ``train_config.json`` (the launcher writes it)."""
+    fs, path = contract.filesystem(contract.join(contract.normalize_url(run_dir), "train_config.json"))
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional; JSONL is the record of the run
+        return int(json.loads(fs.cat_file(path))["steps"])
+    except (FileNotFoundError, KeyError, ValueError, TypeError):
         return None
-    return SummaryWriter(log_dir)

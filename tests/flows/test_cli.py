@@ -10,7 +10,7 @@ from flows import cli
 
 COMMANDS = [[], ["sample"], ["run"], ["ingest"], ["ingest-code"], ["dedup"], ["tokenize"], ["tokenizer", "train"],
             ["train"], ["eval"], ["export"], ["plan"], ["simulate"], ["quality-classifier", "train"],
-            ["server", "start"], ["server", "stop"]]
+            ["server", "start"], ["server", "stop"], ["report"]]
 
 
 @pytest.fixture(scope="module")

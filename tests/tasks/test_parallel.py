@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -27,13 +28,41 @@ def client():
         yield c
 
 
-def test_results_come_back_in_item_order_from_both_workers_with_progress_lines(client):
-    lines = []
+def test_results_come_back_in_item_order_from_both_workers(client):
     items = list(range(40))
-    results = ClientMap(client, log_fn=lines.append)(_square_with_pid, items, label="squares")
+    results = ClientMap(client, log_fn=lambda line: None)(_square_with_pid, items, label="squares")
     assert [r for r, _ in results] == [x * x for x in items] == [r for r, _ in serial_map(_square_with_pid, items)]
     assert len({pid for _, pid in results}) == 2 and os.getpid() not in {pid for _, pid in results}
-    assert lines[-1] == "squares: 40/40 work items done" and len(lines) == 10  # every tenth
+
+
+def _attempt(marker_dir: str, exc: Exception, x: int) -> int:
+    """Record an attempt at ``x`` (a file per attempt), then fail item 3 with ``exc``."""
+    path = os.path.join(marker_dir, f"{x}-{len(os.listdir(marker_dir))}")
+    open(path, "w").close()
+    if x == 3:
+        raise exc
+    return x
+
+
+def _attempts_at_three(marker_dir) -> int:
+    return sum(1 for name in os.listdir(marker_dir) if name.startswith("3-"))
+
+
+def test_a_permanent_failure_is_raised_once_without_dask_rerunning_it(client, tmp_path):
+    from tasks.datasets import DatasetError
+
+    bad = DatasetError("shard docs-00003.parquet does not match its manifest checksum")
+    with pytest.raises(DatasetError, match="does not match") as raised:
+        ClientMap(client, retries=2, log_fn=lambda line: None)(functools.partial(_attempt, str(tmp_path), bad), list(range(6)))
+    assert _attempts_at_three(tmp_path) == 1
+    assert "_attempt" in raised.value.remote_traceback  # the worker's traceback travels with it, for the log file
+
+
+def test_a_transient_failure_keeps_its_retries(client, tmp_path):
+    with pytest.raises(ConnectionResetError):
+        ClientMap(client, retries=2, log_fn=lambda line: None)(
+            functools.partial(_attempt, str(tmp_path), ConnectionResetError("peer reset")), list(range(6)))
+    assert _attempts_at_three(tmp_path) == 3
 
 
 def test_an_item_that_raises_fails_the_map_with_its_own_error(client):
