@@ -122,7 +122,7 @@ def eval_task(checkpoint: str, data: str | None, root: str | None, config: dict)
     outcome = StageOutcome(STAGE, url, fp, manifest.kind, reused, seconds, int(manifest.stats["tokens_scored"]),
                            dict(manifest.stats)).to_dict()
     outcome.update(checkpoint=step_url, run=run_dir, step=manifest.meta["step"], splits=manifest.meta["splits"],
-                   probes=manifest.meta["probes"])
+                   total=manifest.meta["total"], probes=manifest.meta["probes"])
     if not reused:
         publish_run_report(run_dir, root)  # the run's report and TensorBoard gain this checkpoint's evaluation
     return outcome
@@ -133,10 +133,11 @@ def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str,
     """Score the checkpoint, commit the eval dataset (report + plot), publish the run's table and plot."""
     run_dir = run_dir_of(step_url)
     report = evaluate_checkpoint(step_url, sources, cfg)
-    splits = {n: {k: s[k] for k in (*FIGURES, "tokens_scored", "bytes_scored", "weight", "data")}
+    splits = {n: {k: s[k] for k in (*FIGURES, "baselines", "tokens_scored", "bytes_scored", "weight", "data",
+                                    "samples")}
               for n, s in report["splits"].items()}
     meta = {"checkpoint": step_url, "run": run_dir, "step": report["step"], "tokens": report["tokens"],
-            "identity": identity, "splits": splits, "total": {k: report[k] for k in FIGURES},
+            "identity": identity, "splits": splits, "total": {k: report[k] for k in (*FIGURES, "baselines")},
             "probes": report["probes"]}
     evaluations = _with_run_results(root, run_dir, meta)
     shards = [datasets.write_shard(url, REPORT, functools.partial(_write_file, data=json.dumps(report, indent=2).encode()))]
@@ -145,6 +146,8 @@ def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str,
         shards.append(datasets.write_shard(url, PLOT, functools.partial(_write_file, data=plot)))
     stats = {k: report[k] for k in (*FIGURES, "tokens_scored", "bytes_scored")}
     stats.update({f"{n}.{k}": s[k] for n, s in splits.items() for k in FIGURES})
+    stats.update({f"{n}.{c}_bits_per_byte": bpb for n, s in [*splits.items(), ("total", report)]
+                  for c, bpb in s["baselines"].items()})
     # -- lm-evaluation-harness on the Hugging Face export, when eval.harness.enabled (tasks/eval/harness.py) --
     if cfg.harness.enabled:
         with tempfile.TemporaryDirectory(prefix="smelt-export-") as export_dir:  # the harness scores the HF export
@@ -167,7 +170,8 @@ def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str,
     if plot is not None:
         create_link_artifact(key=artifact_key(f"smelt-eval-plot-{run_name}"), link=datasets.join(url, PLOT),
                              link_text=f"loss curves up to step {report['step']}")
-    per_split = ", ".join(f"{n} {s['val_loss']:.4f}" for n, s in splits.items())
+    per_split = ", ".join(f"{n} {s['val_loss']:.4f} ({s['bits_per_byte']:.3f} bits/byte, xz -9e "
+                          f"{s['baselines']['xz']:.3f})" for n, s in splits.items())
     get_run_logger().info(f"eval: step {report['step']} val loss {report['val_loss']:.4f} ({per_split}) "
                           f"perplexity {report['perplexity']:.2f} bits/byte {report['bits_per_byte']:.3f}")
     return manifest, report["seconds"]

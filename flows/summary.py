@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tasks.counters import REASONS
+from tasks.eval.baselines import COMPRESSORS, below
 
 
 def _reasons(stats: dict, limit: int = 4) -> str:
@@ -69,9 +70,61 @@ def _eval_result(stage: dict) -> str:
     return text
 
 
+def _versus(model: float, baseline: float) -> str:
+    """'36% below' or '7% above': the model's bits per byte against a compressor's."""
+    gain = below(model, baseline)
+    return f"{abs(gain):.0%} {'below' if gain >= 0 else 'above'}"
+
+
+def compression_table(stage: dict) -> Table | None:
+    """Per split (and the mixture-weighted total): the model's bits per byte beside xz, zstd and zlib
+    on exactly the bytes it scored. None for an evaluation made before the baselines were measured."""
+    rows = sorted((stage.get("splits") or {}).items())
+    if stage.get("total") and len(rows) > 1:
+        rows.append(("total", stage["total"]))
+    if not rows or any("baselines" not in figures for _, figures in rows):
+        return None
+    table = Table(title=f"bits per byte on the held-out text at step {stage['step']} (lower is better)")
+    for col in ("split", "model", *(label for label, _ in COMPRESSORS.values()), "model vs xz -9e", "val loss",
+                "perplexity", "bytes"):
+        table.add_column(col, justify="left" if col == "split" else "right")
+    for name, f in rows:
+        table.add_row(name, f"{f['bits_per_byte']:.3f}", *(f"{f['baselines'][key]:.3f}" for key in COMPRESSORS),
+                      _versus(f["bits_per_byte"], f["baselines"]["xz"]), f"{f['val_loss']:.3f}",
+                      f"{f['perplexity']:.1f}", f"{f['bytes_scored']:,}" if "bytes_scored" in f else "")
+    return table
+
+
+def samples_table(stage: dict) -> Table | None:
+    """Each split's held-out document beginnings and how the model continues them, beside the real text."""
+    samples = [(name, s) for name, figures in sorted((stage.get("splits") or {}).items())
+               for s in figures.get("samples") or []]
+    if not samples:
+        return None
+    first = samples[0][1]
+    table = Table(title="samples", caption=f"prompts: the held-out text's own beginnings; sampled at temperature "
+                                           f"{first['temperature']:g}, seed {first['seed']}", show_lines=True)
+    table.add_column("split")
+    table.add_column("")
+    table.add_column("text", overflow="fold")
+    for name, s in samples:
+        for i, (label, key) in enumerate((("prompt", "prompt"), ("greedy", "greedy"), ("sampled", "sampled"),
+                                          ("actual text", "actual"))):
+            table.add_row(name if i == 0 else "", label, escape(s[key]))
+    return table
+
+
+def render_eval_details(stage: dict, console: Console) -> None:
+    """The compression comparison and the samples, where the evaluation has them."""
+    for table in (compression_table(stage), samples_table(stage)):
+        if table is not None:
+            console.print(table)
+
+
 def render_eval(stage: dict, console: Console) -> None:
     console.print(f"eval of step {stage['step']}: {_eval_result(stage)} over {stage['stats']['tokens_scored']:,} "
                   f"tokens ({stage['url']})")
+    render_eval_details(stage, console)
     for p in stage.get("probes", []):
         console.print(f"  probe {p['prompt']!r} → {p['completion']!r}")
 
@@ -102,6 +155,9 @@ def render_run_summary(summary: dict, console: Console) -> None:
         table.add_row(escape(stage["stage"]), "reused" if stage["reused"] else "computed", records_in, records_out,
                       escape(result), f"{stage['seconds']:.1f}")
     console.print(table)
+    for stage in summary["stages"]:
+        if _kind(stage) == "eval":
+            render_eval_details(stage, console)
     mixture = ", ".join(f"{name} {weight:g}" for name, weight in summary.get("mixture", {}).items())
     console.print(f"training mixture: {mixture}")
     train = next(s for s in summary["stages"] if s["stage"] == "train")

@@ -1,10 +1,13 @@
-"""Score a checkpoint on held-out tokens: loss, perplexity, bits per byte per split, plus probes.
+"""Score a checkpoint on held-out tokens: loss, perplexity, bits per byte per split beside compression
+baselines on the same bytes, plus samples continuing the held-out text.
 
 Runs in one process without torch.distributed: the checkpoint is consolidated from whatever mesh
 trained it (``tasks/checkpoints.py``) into a plain state dict.
 
 Bits per byte makes models with different tokenizers comparable: the summed loss (nats) over the
-scored tokens divided by ``ln 2`` times the UTF-8 bytes those tokens decode to.
+scored tokens divided by ``ln 2`` times the UTF-8 bytes those tokens decode to. The same bytes are
+handed to xz, zstd and zlib (``baselines.py``), so the model and the compressors are measured on
+one text.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import torch.nn.functional as F
 
 from tasks import datasets
 from tasks.checkpoints import load_consolidated, resolve, run_dir_of, step_of, verify_checkpoint
+from tasks.eval.baselines import COMPRESSORS, compressed_bits_per_byte
 from tasks.eval.config import EvalConfig
+from tasks.eval.samples import complete, validation_samples
 from tasks.llama import Transformer, rope_tables
 from tasks.model_config import ModelConfig
 from tasks.tokens import TokenStream
@@ -59,23 +64,21 @@ def score(model: Transformer, stream: TokenStream, seq_len: int, batch_size: int
     return {"nll_sum": nll, "tokens": count, "windows": windows}
 
 
-def scored_bytes(stream: TokenStream, tokenizer, tokens: int, seq_len: int) -> int:
-    """UTF-8 bytes of the text the scored targets decode to (special tokens decode to nothing)."""
+def scored_text(stream: TokenStream, tokenizer, tokens: int) -> bytes:
+    """The UTF-8 text the scored targets decode to: stream tokens ``1 … tokens`` (``score`` reads
+    consecutive windows, so token 0 is context only); special tokens decode to nothing."""
     ids = np.empty(tokens + 1, dtype=np.int64)
     stream.read(0, tokens + 1, ids)
-    return len(tokenizer.decode(ids[1:].tolist(), skip_special_tokens=True).encode())
+    return tokenizer.decode(ids[1:].tolist(), skip_special_tokens=True).encode()
 
 
 @torch.no_grad()
 def probe(model: Transformer, tokenizer, prompts: list[str], new_tokens: int) -> list[dict]:
-    """Greedy continuations of a few prompts: a quick look at what the model learned."""
+    """Greedy continuations of the given prompts (``eval.probe_prompts``), ``new_tokens`` each."""
     out = []
     for prompt in prompts:
-        ids = tokenizer.encode(prompt).ids
-        for _ in range(new_tokens):
-            logits = model(torch.tensor([ids[-model.cfg.max_seq_len:]]))
-            ids.append(int(logits[0, -1].argmax()))
-        out.append({"prompt": prompt, "completion": tokenizer.decode(ids[len(tokenizer.encode(prompt).ids):])})
+        ids = complete(model, tokenizer.encode(prompt).ids, new_tokens)
+        out.append({"prompt": prompt, "completion": tokenizer.decode(ids)})
     return out
 
 
@@ -103,11 +106,14 @@ def split_weights(names: list[str], mixture: dict[str, float]) -> dict[str, floa
     return {n: w / total for n, w in raw.items()}
 
 
-def _score_split(model: Transformer, tokens_url: str, tokenizer, seq_len: int, cfg: EvalConfig) -> dict:
+def score_split(model: Transformer, tokens_url: str, tokenizer, seq_len: int, cfg: EvalConfig) -> dict:
+    """One validation split: loss, perplexity and bits per byte, the compressors' bits per byte on the
+    same bytes, and samples continuing its first documents."""
     stream = TokenStream(tokens_url, cfg.split, seq_len, cache_dir=None)
     try:
         scored = score(model, stream, seq_len, cfg.batch_size, cfg.max_tokens)
-        n_bytes = scored_bytes(stream, tokenizer, scored["tokens"], seq_len)
+        text = scored_text(stream, tokenizer, scored["tokens"])
+        samples = validation_samples(model, tokenizer, stream, cfg.samples, seq_len)
     finally:
         stream.close()
     loss = scored["nll_sum"] / scored["tokens"]
@@ -115,9 +121,11 @@ def _score_split(model: Transformer, tokens_url: str, tokenizer, seq_len: int, c
         "data": tokens_url,
         "val_loss": loss,
         "perplexity": math.exp(loss),
-        "bits_per_byte": scored["nll_sum"] / (math.log(2) * max(1, n_bytes)),
+        "bits_per_byte": scored["nll_sum"] / (math.log(2) * max(1, len(text))),
+        "baselines": compressed_bits_per_byte(text),
         "tokens_scored": scored["tokens"],
-        "bytes_scored": n_bytes,
+        "bytes_scored": len(text),
+        "samples": samples,
     }
 
 
@@ -128,6 +136,16 @@ def evaluate_checkpoint(checkpoint_url: str, data: dict[str, str] | None, cfg: E
     its name there). Each split is scored on its own; the top-level figures are their
     mixture-weighted total (the run's training mixture, or equal weights).
     """
+    threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _evaluate(checkpoint_url, data, cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _evaluate(checkpoint_url: str, data: dict[str, str] | None, cfg: EvalConfig) -> dict:
     from tasks.tokenizer_files import load_tokenizer
 
     start = time.perf_counter()
@@ -136,7 +154,7 @@ def evaluate_checkpoint(checkpoint_url: str, data: dict[str, str] | None, cfg: E
     data = dict(sorted((data or meta["data"]).items()))
     seq_len = cfg.seq_len or meta["seq_len"]
     tokenizer = load_tokenizer(next(iter(data.values())))
-    splits = {name: _score_split(model, url, tokenizer, seq_len, cfg) for name, url in data.items()}
+    splits = {name: score_split(model, url, tokenizer, seq_len, cfg) for name, url in data.items()}
     train_cfg = (datasets.read_manifest(step_url).lineage.get("config") or {})
     weights = split_weights(list(splits), (train_cfg.get("data") or {}).get("mixture") or {})
     for name, result in splits.items():
@@ -152,10 +170,11 @@ def evaluate_checkpoint(checkpoint_url: str, data: dict[str, str] | None, cfg: E
         "val_loss": loss,
         "perplexity": math.exp(loss),
         "bits_per_byte": sum(weights[n] * s["bits_per_byte"] for n, s in splits.items()),
+        "baselines": {c: sum(weights[n] * s["baselines"][c] for n, s in splits.items()) for c in COMPRESSORS},
         "tokens_scored": sum(s["tokens_scored"] for s in splits.values()),
         "bytes_scored": sum(s["bytes_scored"] for s in splits.values()),
         "splits": splits,
-        "probes": probe(model, tokenizer, cfg.probe_prompts, cfg.probe_tokens),
+        "probes": probe(model, tokenizer, cfg.probe_prompts, cfg.probe_tokens) if cfg.probe_prompts else [],
         "seconds": round(time.perf_counter() - start, 2),
         "config": asdict(cfg),
     }

@@ -1,11 +1,12 @@
 """A run across its checkpoints: training loss per step, and every evaluated checkpoint's
-validation loss (per split and in total) as a table and a plot."""
+validation loss (per split and in total, bits per byte beside the compressors') as a table and a plot."""
 
 from __future__ import annotations
 
 import io
 
 from tasks import datasets, jsonlog
+from tasks.eval.baselines import COMPRESSORS
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -33,7 +34,8 @@ def run_evaluations(root: str, run_dir: str) -> list[dict]:
 
 def results_table(evaluations: list[dict]) -> list[dict]:
     """One row per evaluated checkpoint: step, trained tokens, then loss, perplexity and bits per byte
-    of every split and of the mixture-weighted total."""
+    of every split and of the mixture-weighted total, and the compressors' bits per byte on the same
+    bytes (blank for an evaluation made before they were measured)."""
     rows = []
     for ev in evaluations:
         row = {"step": ev["step"], "tokens": ev.get("tokens")}
@@ -41,6 +43,9 @@ def results_table(evaluations: list[dict]) -> list[dict]:
             row[f"{name} val loss"] = round(figures["val_loss"], 4)
             row[f"{name} perplexity"] = round(figures["perplexity"], 2)
             row[f"{name} bits/byte"] = round(figures["bits_per_byte"], 4)
+            baselines = figures.get("baselines") or {}
+            for key, (label, _) in COMPRESSORS.items():
+                row[f"{name} {label} bits/byte"] = round(baselines[key], 4) if key in baselines else None
         rows.append(row)
     return rows
 
