@@ -30,6 +30,9 @@ class LaunchConfig:
     # own processes (tasks/train/agent.py); torchrun: every rank restarts (the fallback)
     restart: str = "in-process"
     lease_wait_minutes: float = 0.0  # a run folder another launcher holds: 0 refuses at once, else wait this long
+    # a launcher that cannot renew its run folder's lease this long (paused, partitioned) may be taken over, and
+    # then stops its ranks; clocks of the hosts must agree to well under it
+    lease_timeout_minutes: float = 1.0
 
     def __post_init__(self) -> None:
         if self.restart not in ("in-process", "torchrun"):
@@ -40,6 +43,8 @@ class LaunchConfig:
             raise ValueError("launch.max_restarts and launch.task_retries must be >= 0")
         if self.lease_wait_minutes < 0:
             raise ValueError(f"launch.lease_wait_minutes must be >= 0, got {self.lease_wait_minutes}")
+        if self.lease_timeout_minutes <= 0:
+            raise ValueError(f"launch.lease_timeout_minutes must be positive, got {self.lease_timeout_minutes}")
         if self.timeout_minutes <= 0:
             raise ValueError(f"launch.timeout_minutes must be positive, got {self.timeout_minutes}")
 

@@ -8,6 +8,7 @@ deployment trigger) consumes by URL.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import json
@@ -25,10 +26,11 @@ from flows.config import LaunchConfig
 from tasks import datasets
 from tasks.config import from_dict
 from tasks.checkpoints import finished_run, list_committed, named_checkpoint, relative_step
+from tasks.lease import Lease, LeaseError
 from tasks.objectstore import preflight_all
 from tasks.train.config import TrainConfig, parse_data
 from tasks.train.identity import run_identity
-from tasks.train.launch import RUN_KIND, launch_training, preflight
+from tasks.train.launch import RUN_KIND, launch_training, preflight, take_run_lease
 from tasks.train.stragglers import REPORT as STRAGGLER_REPORT
 
 STAGE = "train"
@@ -52,14 +54,16 @@ class CheckpointPublisher:
     the flow run, which starts a new publisher on the same run folder, never republishes a commit.
     """
 
-    def __init__(self, run_dir: str, run_name: str, root: str):
+    def __init__(self, run_dir: str, run_name: str, root: str, as_of: int | None = None):
         self.run_dir, self.run_name, self.root = run_dir, run_name, root
+        self.as_of = as_of  # the lease epoch of the launch it follows: that launch's view of the commits
         self.marker = datasets.join(run_dir, PUBLISHED)
         fs, path = datasets.filesystem(self.marker)
         self.published: set[int] = set(json.loads(fs.cat_file(path))) if fs.exists(path) else set()
 
     def poll(self) -> None:
-        new = [c for c in list_committed(self.run_dir, checksums=False) if c["step"] not in self.published]
+        new = [c for c in list_committed(self.run_dir, checksums=False, as_of=self.as_of)
+               if c["step"] not in self.published]
         for ckpt in new:
             create_link_artifact(
                 key=artifact_key(f"smelt-checkpoint-{self.run_name}"),
@@ -108,13 +112,30 @@ def publish_run_reports(run_dir: str, run_name: str) -> None:
 @one_sentence_failures(STAGE)
 def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: str | None = None) -> dict:
     """Train, continue or reuse the run ``config`` names on ``data``; returns a StageOutcome dict whose url is
-    the run folder. A finished run is reused when it reached ``steps``; one that stopped short continues."""
+    the run folder. A finished run is reused when it reached ``steps``; one that stopped short continues.
+
+    The run folder's lease is taken first and held until its manifest is committed: a retried or concurrent
+    flow run waits for it (``launch.lease_wait_minutes``) and then finds the run finished, or is refused."""
     logger = get_run_logger()
     cfg = from_dict(TrainConfig, config)
     sources = parse_data(data)
     url, fp, manifests = run_dir_for(sources, root, cfg)
     url = datasets.normalize_url(run_dir) if run_dir else url
-    finished = finished_run(url)  # None also when its final checkpoint fails verification: resume and rewrite it
+    lease = take_run_lease(url, wait_s=float(launch.get("lease_wait_minutes", LaunchConfig.lease_wait_minutes)) * 60,
+                           timeout_s=float(launch.get("lease_timeout_minutes", LaunchConfig.lease_timeout_minutes)) * 60,
+                           log=logger.info)
+    try:
+        return _train_leased(sources, root, cfg, config, launch, url, fp, manifests, lease)
+    finally:
+        with contextlib.suppress(LeaseError):
+            lease.release()
+
+
+def _train_leased(sources: dict[str, str], root: str, cfg: TrainConfig, config: dict, launch: dict, url: str,
+                  fp: str, manifests: dict, lease: Lease) -> dict:
+    """``train_task`` once it holds the run folder's lease."""
+    logger = get_run_logger()
+    finished = finished_run(url, as_of=lease.epoch)  # None also when its final checkpoint fails verification: resume and rewrite it
     if finished is not None and finished.fingerprint != fp:
         raise datasets.DatasetError(f"{url} holds run {finished.fingerprint}, not {fp}: the model, data, batch "
                                     "contract or seed differ; choose another run folder")
@@ -127,7 +148,7 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
     if finished is not None:  # launch_training (prepare_run) unfinishes it and records what changed
         logger.info(f"train: run {url} finished at step {finished.meta['step']}; continuing to step {cfg.steps}")
 
-    publisher = CheckpointPublisher(url, fp, datasets.normalize_url(root))
+    publisher = CheckpointPublisher(url, fp, datasets.normalize_url(root), as_of=lease.epoch)
     stop = threading.Event()
     # The follower runs in a copy of this task's context so its artifacts and events belong to the task run.
     follower = threading.Thread(target=contextvars.copy_context().run, args=(publisher.follow, stop), daemon=True)
@@ -136,25 +157,27 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
         result = launch_training(
             data=sources, config=config, run_dir=url, nproc=int(launch["nproc"]),
             max_restarts=int(launch["max_restarts"]), timeout_s=float(launch["timeout_minutes"]) * 60,
-            restart=launch.get("restart", LaunchConfig.restart),
-            lease_wait_s=float(launch.get("lease_wait_minutes", LaunchConfig.lease_wait_minutes)) * 60, log=logger.info,
+            restart=launch.get("restart", LaunchConfig.restart), lease=lease, log=logger.info,
         )
     finally:
         stop.set()
         follower.join(timeout=10)
-    publisher.poll()
-    publish_run_reports(url, fp)
-    summary = result["summary"]
-    committed = list_committed(url)
-    if not committed:
-        raise RuntimeError(f"training finished but {url} holds no committed checkpoint")
-    final = committed[-1]
-    manifest = datasets.commit(
-        url, kind=RUN_KIND, fp=fp, shards=[],
-        stats={"steps": summary["steps"], "tokens": summary["tokens"], "restarts": result.get("restarts", 0)},
-        inputs=list(manifests.values()), config=cfg,
-        meta={"checkpoint": relative_step(final["step"]), "step": final["step"], "summary": summary, "data": sources},
-    )
+    with lease.keep_alive():  # verifying a large final checkpoint may outlast the lease's timeout
+        publisher.poll()
+        publish_run_reports(url, fp)
+        summary = result["summary"]
+        committed = list_committed(url, as_of=lease.epoch)
+        if not committed:
+            raise RuntimeError(f"training finished but {url} holds no committed checkpoint")
+        final = committed[-1]
+        lease.fence()  # the run's result is this launch's only while no newer one took it over
+        manifest = datasets.commit(
+            url, kind=RUN_KIND, fp=fp, shards=[],
+            stats={"steps": summary["steps"], "tokens": summary["tokens"], "restarts": result.get("restarts", 0)},
+            inputs=list(manifests.values()), config=cfg,
+            meta={"checkpoint": relative_step(final["step"]), "step": final["step"], "summary": summary,
+                  "data": sources},
+        )
     publish_run_report(url, datasets.normalize_url(root))  # finished, with the final summary's goodput
     return _outcome(url, manifest, reused=False, seconds=result["seconds"])
 

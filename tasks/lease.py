@@ -566,6 +566,10 @@ class Lease:
 
     def _check_time(self) -> None:
         if self._lost is None and self.record.released_at is None and _monotonic() > self._valid_until:
+            with contextlib.suppress(Exception):  # name the taker if the store can say (a paused holder woke up)
+                if (newer := self._successor()) is not None:
+                    self._lose(newer)
+                    return
             self._lost = LeaseLost(
                 f"lease epoch {self.epoch} on {self.run_dir} is lost: it was not renewed within its "
                 f"{self.record.timeout_s:.0f} s timeout, so it may have been taken over", self.epoch, None)
@@ -729,6 +733,49 @@ def write_fenced(run_dir: str, epoch: int, url: str, data: bytes, exclusive: boo
         return
     with datasets.atomic_write(url) as f:
         f.write(data)
+
+
+class Fence:
+    """A writer's guard for one run folder at one epoch (the launcher's, from ``epoch_from_env``): ``check``
+    before each commit, ``stamp`` what it writes, ``counts`` to judge an older writer's commit when
+    choosing what to continue from, ``adopt`` that choice once. Without an epoch (a trainer started
+    outside a leased launch) every method is a no-op and every commit counts."""
+
+    def __init__(self, run_dir: str, epoch: int | None) -> None:
+        self.run_dir = run_dir
+        self.epoch = epoch
+        self._verdicts: dict[tuple[int, int], bool] = {}
+
+    @classmethod
+    def from_env(cls, run_dir: str) -> "Fence":
+        return cls(run_dir, epoch_from_env())
+
+    def check(self) -> None:
+        """``check_fence``: raise ``Fenced`` (naming the newer epoch) if this writer's epoch is over."""
+        if self.epoch is not None:
+            check_fence(self.run_dir, self.epoch)
+
+    def stamp(self, record: dict) -> dict:
+        """``record`` with this writer's epoch under ``EPOCH_KEY`` (unchanged without an epoch)."""
+        return record if self.epoch is None else {**record, EPOCH_KEY: self.epoch}
+
+    def counts(self, epoch: int | None, step: int) -> bool:
+        """Whether a commit stamped ``(epoch, step)`` is part of the run as this writer continues it
+        (``commit_superseded`` as of this epoch); unstamped commits always count."""
+        if epoch is None or self.epoch is None or int(epoch) >= self.epoch:
+            return True
+        key = (int(epoch), int(step))
+        if key not in self._verdicts:
+            why = commit_superseded(self.run_dir, key[0], key[1], as_of=self.epoch)
+            if why is not None:
+                log.warning("ignored: %s", why)
+            self._verdicts[key] = why is None
+        return self._verdicts[key]
+
+    def adopt(self, step: int) -> None:
+        """Record, once per epoch, the committed step this writer continues from (``adopt``)."""
+        if self.epoch is not None:
+            adopt(self.run_dir, self.epoch, step)
 
 
 def _adopted_name(epoch: int) -> str:

@@ -72,6 +72,7 @@ from tasks.checkpoints import (
     step_dirs,
     step_url,
 )
+from tasks.lease import Fence, Fenced
 from tasks.train.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
@@ -221,7 +222,7 @@ class CheckpointManager:
     """
 
     def __init__(self, run_dir_url: str, cfg: CheckpointConfig, *, rank: int, world_size: int,
-                 config_fingerprint: str, process_group=None) -> None:
+                 config_fingerprint: str, process_group=None, fence: Fence | None = None) -> None:
         if cfg.async_mode not in ASYNC_MODES:
             raise ValueError(f"checkpoint.async_mode is {cfg.async_mode!r}; choose one of {', '.join(ASYNC_MODES)}")
         if cfg.keep_last < 1:
@@ -241,6 +242,7 @@ class CheckpointManager:
         self.rank = rank
         self.world_size = world_size
         self.config_fingerprint = config_fingerprint
+        self.fence = fence or Fence(self.run_dir_url, None)  # the lease epoch every commit and deletion checks
         self.blocked_s = 0.0
         self._distributed = distributed
         # DCP runs its collectives on a background thread (or process): on the default group they
@@ -285,6 +287,7 @@ class CheckpointManager:
             self._uncommit(url)
         meta_json.update(step=step, world_size=self.world_size, config_fingerprint=self.config_fingerprint,
                          model_prefix=meta_json.get("model_prefix") or _model_prefix(app_state))
+        meta_json = self.fence.stamp(meta_json)
         writer = storage_writer(url)
         staging: concurrent.futures.Future | None = None
         if self.cfg.async_mode == "off":
@@ -383,6 +386,7 @@ class CheckpointManager:
         """Drop a stale manifest of a step about to be rewritten (a rollback or a restarted run)."""
         fs, path = datasets.filesystem(datasets.join(url, datasets.MANIFEST))
         if fs.exists(path):
+            self.fence.check()
             log.warning("checkpoint %s exists and is rewritten", url)
             fs.rm(path)
 
@@ -406,20 +410,25 @@ class CheckpointManager:
                 stats = {"checkpoint.write_s": round(write_s, 4),
                          "checkpoint.hash_s": round(time.monotonic() - hash_started, 4),
                          "checkpoint.bytes": sum(s.bytes for s in shards)}
+                self.fence.check()  # a writer whose lease epoch is over commits nothing (and deletes nothing)
                 self._remove_strays(url, {s.name for s in shards})
                 datasets.commit(url, KIND, self.config_fingerprint, shards, stats, config=meta.pop("config", None),
                                 meta=meta)
                 log.info("checkpoint step %d committed at %s (%.1f MB, write %.2fs)", step, url,
                          stats["checkpoint.bytes"] / 1e6, write_s)
                 self._apply_retention(step)
+            except Fenced as e:
+                error = ("fenced", str(e))
             except Exception as e:  # every rank must learn that the commit failed, not wait forever
-                error = f"{type(e).__name__}: {e}"
+                error = ("failed", f"{type(e).__name__}: {e}")
         if self._distributed and self.world_size > 1:
             box = [error]
             dist.broadcast_object_list(box, group=self._group, group_src=0)
             error = box[0]
+        if error is not None and error[0] == "fenced":
+            raise Fenced(f"checkpoint step {step} was not committed: {error[1]}", self.fence.epoch, None)
         if error is not None:
-            raise RuntimeError(f"checkpoint step {step} at {url} did not commit: {error}")
+            raise RuntimeError(f"checkpoint step {step} at {url} did not commit: {error[1]}")
 
     def _hash_own_files(self, url: str, metadata) -> list[datasets.ShardInfo]:
         """Size and checksum of the files this rank wrote (``__<rank>_*``, plus ``.metadata`` on rank 0)."""
@@ -516,7 +525,7 @@ class CheckpointManager:
         self._last_step, self._last_time = step, time.monotonic()
 
     def _good(self, url: str) -> bool:
-        problems = checkpoint_problems(url, self.rank, self.world_size)
+        problems = checkpoint_problems(url, self.rank, self.world_size, as_of=self.fence.epoch)
         if self._distributed and self.world_size > 1:
             gathered: list = [None] * self.world_size
             dist.all_gather_object(gathered, problems, group=self._group)

@@ -17,6 +17,7 @@ the list is only reported.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,15 +35,15 @@ import psutil
 
 from tasks import datasets as contract
 from tasks.config import from_dict
-from tasks.lease import LeaseHeld, acquire
+from tasks.lease import ENV_EPOCH, Lease, LeaseError, LeaseHeld, LeaseLost, acquire
 from tasks.train import goodput
 from tasks.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STOP_GRACE_S = 30.0
-LEASE_TIMEOUT_S = 60.0  # a launcher that stops renewing its run folder's lease for this long can be taken over  # torchrun forwards SIGTERM to its ranks and waits for them; then SIGKILL
+STOP_GRACE_S = 30.0  # torchrun forwards SIGTERM to its ranks and waits for them; then SIGKILL
+LEASE_TIMEOUT_S = 60.0  # a launcher that stops renewing its run folder's lease for this long can be taken over
 EXCLUDE_HOSTS = "exclude_hosts.json"
 
 
@@ -78,11 +79,13 @@ def torchrun_command(nproc: int, args: list[str], run_id: str, max_restarts: int
 
 
 def start_torchrun(nproc: int, args: list[str], run_dir: str, max_restarts: int = 0, rdzv_port: int | None = None,
-                   *, nnodes: str = "1", rdzv_conf: str | None = None) -> subprocess.Popen:
+                   *, nnodes: str = "1", rdzv_conf: str | None = None,
+                   env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start this node's torchrun agent in a session of its own; its output is the Popen's stdout."""
     run_id = hashlib.sha256(contract.normalize_url(run_dir).encode()).hexdigest()[:12]
     cmd = torchrun_command(nproc, args, run_id, max_restarts, rdzv_port or free_port(), nnodes, rdzv_conf)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, start_new_session=True)
@@ -119,22 +122,30 @@ def run_torchrun(
     *,
     nnodes: str = "1",
     timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+    stop: threading.Event | None = None,
     log_line: Callable[[str], None] = log.info,
 ) -> int:
     """Run torchrun with ``tasks.train.main ARGS`` on ``nproc`` local ranks; its exit status.
 
-    Every output line goes to ``log_line``. On timeout or KeyboardInterrupt the whole process tree
-    is stopped (SIGTERM, then SIGKILL after a grace period); a timeout raises LaunchError.
+    Every output line goes to ``log_line``; ``env`` is added to the ranks' environment. On timeout,
+    KeyboardInterrupt or ``stop`` (the launcher lost its lease) the whole process tree is stopped
+    (SIGTERM, then SIGKILL after a grace period); a timeout raises LaunchError.
     """
     check_not_excluded(run_dir, nnodes, log_line)
-    proc = start_torchrun(nproc, args, run_dir, max_restarts, rdzv_port, nnodes=nnodes)
+    proc = start_torchrun(nproc, args, run_dir, max_restarts, rdzv_port, nnodes=nnodes, env=env)
     reader = threading.Thread(target=_forward_lines, args=(proc, log_line), daemon=True)
     reader.start()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        returncode = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _stop_tree(proc)
-        raise LaunchError(f"torchrun for {run_dir} ran past its {timeout_s:.0f} s timeout and was stopped") from None
+        while (returncode := proc.poll()) is None:
+            if stop is not None and stop.is_set():
+                _stop_tree(proc)
+                return proc.wait()
+            if deadline is not None and time.monotonic() > deadline:
+                _stop_tree(proc)
+                raise LaunchError(f"torchrun for {run_dir} ran past its {timeout_s:.0f} s timeout and was stopped")
+            time.sleep(0.2)  # short waits: a KeyboardInterrupt or a stop lands between them
     except BaseException:  # KeyboardInterrupt, a cancelled flow: no rank may outlive us
         _stop_tree(proc)
         raise
@@ -210,22 +221,23 @@ def code_version() -> str:
 
 
 def prepare_run(data: dict[str, str], config: dict, run_dir: str, *, write: bool = True,
-                log_line: Callable[[str], None] = log.info) -> list[str]:
+                log_line: Callable[[str], None] = log.info, lease_epoch: int | None = None) -> list[str]:
     """Write ``<run_dir>/train_config.json`` (the run folder records what ran, and restarted ranks reread
     it); returns the ``tasks.train.main`` arguments that train it on ``data`` (name → tokens URL).
     A folder that already holds a run continues it (``continue_run``). ``write=False``: only the
-    arguments (a dry run)."""
+    arguments (a dry run). ``lease_epoch``: the launcher's lease (tasks/lease.py), as of which it reads."""
     run_dir = contract.normalize_url(run_dir)
     config_url = contract.join(run_dir, CONFIG)
     if write:
-        continue_run(run_dir, config, log_line)
+        continue_run(run_dir, config, log_line, lease_epoch)
         with contract.atomic_write(config_url, "w") as f:
             f.write(json.dumps(config, indent=2, sort_keys=True))
     data_args = [arg for name, url in data.items() for arg in ("--data", f"{name}={url}")]
     return ["--config", config_url, *data_args, "--run-dir", run_dir]
 
 
-def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = log.info) -> None:
+def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = log.info,
+                 lease_epoch: int | None = None) -> None:
     """Before a launch into a folder that already holds a run (its ``train_config.json``): say that the
     run continues and what changed, and record it in ``events.jsonl``.
 
@@ -251,7 +263,7 @@ def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = l
     previous = json.loads(fs.cat_file(path))
     now = time.time()
     steps = from_dict(TrainConfig, config).steps
-    committed = list_committed(run_dir, checksums=False)
+    committed = list_committed(run_dir, checksums=False, as_of=lease_epoch)
     checkpoint_step = committed[-1]["step"] if committed else None
     finished = contract.read_manifest(run_dir)
     if finished is not None and finished.kind == RUN_KIND and int(finished.meta.get("step", 0)) < steps:
@@ -284,13 +296,16 @@ RESTARTS = ("in-process", "torchrun")
 
 
 def run_agent(nproc: int, args: list[str], max_restarts: int, *, timeout_s: float | None = None,
+              env: dict[str, str] | None = None, stop: threading.Event | None = None,
               log_line: Callable[[str], None] = log.info) -> int:
     """Run ``tasks.train.main ARGS`` on ``nproc`` local ranks under smelt's node agent (tasks/train/agent.py):
     a failed rank is replaced by a warm spare, up to ``max_restarts`` times, while the others stay alive.
-    Its exit status; on timeout or KeyboardInterrupt every rank and spare is stopped."""
+    Its exit status; on timeout, KeyboardInterrupt or ``stop`` every rank and spare is stopped. ``env`` is
+    added to the ranks' environment."""
     from tasks.train.agent import NodeAgent
 
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**(env or {}),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     agent = NodeAgent(args, nnodes=1, node_rank=0, nproc=nproc, master_addr="127.0.0.1", master_port=free_port(),
                       max_failures=max_restarts, env=env, cwd=str(REPO_ROOT), log_line=log_line)
     result: dict[str, int] = {}
@@ -299,9 +314,10 @@ def run_agent(nproc: int, args: list[str], max_restarts: int, *, timeout_s: floa
     thread.start()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        while thread.is_alive() and (deadline is None or time.monotonic() < deadline):
+        while (thread.is_alive() and (deadline is None or time.monotonic() < deadline)
+               and not (stop is not None and stop.is_set())):
             thread.join(timeout=0.2)  # short waits: a KeyboardInterrupt lands between them
-        if thread.is_alive():
+        if thread.is_alive() and not (stop is not None and stop.is_set()):
             raise LaunchError(f"training ran past its {timeout_s:.0f} s timeout and was stopped")
     finally:
         if "status" not in result:  # a timeout, KeyboardInterrupt, a cancelled flow: no rank may outlive us
@@ -313,6 +329,17 @@ def run_agent(nproc: int, args: list[str], max_restarts: int, *, timeout_s: floa
     return result.get("status", 1)
 
 
+def take_run_lease(run_dir: str, *, wait_s: float = 0.0, timeout_s: float = LEASE_TIMEOUT_S,
+                   log: Callable[[str], None] = log.info) -> Lease:
+    """The run folder's lease (tasks/lease.py) for one launcher, to be renewed within ``timeout_s``; another
+    launcher holding it is a LaunchError naming it, at once or after waiting ``wait_s``."""
+    try:
+        return acquire(contract.normalize_url(run_dir), timeout_s=timeout_s, wait=wait_s,
+                       on_wait=lambda held: log(f"waiting for the run folder's lease: {held.describe()}"))
+    except LeaseHeld as e:
+        raise LaunchError(str(e)) from None
+
+
 def launch_training(
     *,
     data: dict[str, str],
@@ -322,23 +349,27 @@ def launch_training(
     max_restarts: int = 0,
     timeout_s: float | None = None,
     restart: str = "in-process",
+    lease: Lease | None = None,
     lease_wait_s: float = 0.0,
+    lease_timeout_s: float = LEASE_TIMEOUT_S,
     rdzv_port: int | None = None,
     nnodes: str = "1",
     log: Callable[[str], None] = log.info,
 ) -> dict:
     """Train ``config`` (a TrainConfig as a dict) on ``data`` (name → tokens URL) with ``nproc``
-    local ranks; returns {returncode, summary, seconds, restarts}. The config, data and layout are
-    checked (``preflight``) before any rank starts.
+    local ranks; returns {returncode, summary, seconds, restarts, lease_epoch}. The config, data and
+    layout are checked (``preflight``) before any rank starts.
 
     ``restart``: ``in-process`` (smelt's node agent: a failed rank is replaced by a warm spare, the others
     rejoin without restarting) or ``torchrun`` (torchrun restarts every rank; also for ``nnodes`` other
     than one, the elastic and multi-agent launches).
 
-    One launcher per run folder: it holds the folder's lease (tasks/lease.py) from before it writes
-    anything until the ranks are done, renewing it; a second launcher is refused with one sentence
-    naming the holder, or waits ``lease_wait_s`` for it. The ranks do not check the lease's epoch yet
-    (fencing a stale trainer is issue 47's next step)."""
+    One launcher per run folder: it holds the folder's lease from before it writes anything until the
+    ranks are done (``take_run_lease`` with ``lease_wait_s`` and ``lease_timeout_s``, released at the end;
+    or the caller's ``lease``, which the caller releases), renewing it every quarter of its timeout. The
+    ranks get the lease's epoch (``SMELT_LEASE_EPOCH``) and check it before they commit; a launcher that
+    loses its lease (not renewed in time: paused, partitioned; or taken over) stops its ranks and raises
+    LaunchError naming the newer holder."""
     if nproc < 1:
         raise ValueError(f"launch.nproc must be at least 1, got {nproc}")
     if restart not in RESTARTS:
@@ -346,29 +377,41 @@ def launch_training(
     low, _, high = nnodes.partition(":")
     preflight(from_dict(TrainConfig, config), data, sorted({int(low) * nproc, int(high or low) * nproc}))
     run_dir = contract.normalize_url(run_dir)
+    own = lease is None
+    if own:
+        lease = take_run_lease(run_dir, wait_s=lease_wait_s, timeout_s=lease_timeout_s, log=log)
+    lost = threading.Event()
     try:
-        lease = acquire(run_dir, timeout_s=LEASE_TIMEOUT_S, wait=lease_wait_s,
-                        on_wait=lambda held: log(f"waiting for the run folder's lease: {held.describe()}"))
-    except LeaseHeld as e:
-        raise LaunchError(str(e)) from None
-    with lease:
-        return _launch_leased(data, config, run_dir, nproc, max_restarts, timeout_s, restart, rdzv_port, nnodes, log)
+        with lease.keep_alive(on_lost=lambda _: lost.set()):
+            result = _launch_leased(data, config, run_dir, nproc, max_restarts, timeout_s, restart, rdzv_port, nnodes,
+                                    log, lease.epoch, lost)
+        lease.fence()
+    except (LaunchError, LeaseLost):
+        if lease.lost is not None:  # the ranks' failure is the lease's loss: say that, not "exited with status"
+            raise LaunchError(str(lease.lost)) from None
+        raise
+    finally:
+        if own:
+            with contextlib.suppress(LeaseError):
+                lease.release()
+    return {**result, "lease_epoch": lease.epoch}
 
 
 def _launch_leased(data: dict[str, str], config: dict, run_dir: str, nproc: int, max_restarts: int,
                    timeout_s: float | None, restart: str, rdzv_port: int | None, nnodes: str,
-                   log: Callable[[str], None]) -> dict:
+                   log: Callable[[str], None], lease_epoch: int, stop: threading.Event) -> dict:
     """``launch_training`` once this launcher holds the run folder's lease."""
-    args = prepare_run(data, config, run_dir, log_line=log)
+    args = prepare_run(data, config, run_dir, log_line=log, lease_epoch=lease_epoch)
+    env = {ENV_EPOCH: str(lease_epoch)}  # the ranks fence their commits with it
     started = time.monotonic()
     goodput.append_event(run_dir, {"event": "launch", "time": time.time(), "host": socket.gethostname(),
                                    "code_version": code_version()})
     if restart == "in-process" and nnodes == "1":
         check_not_excluded(run_dir, nnodes, log)
-        returncode = run_agent(nproc, args, max_restarts, timeout_s=timeout_s, log_line=log)
+        returncode = run_agent(nproc, args, max_restarts, timeout_s=timeout_s, env=env, stop=stop, log_line=log)
     else:
         returncode = run_torchrun(nproc, args, run_dir, max_restarts, rdzv_port, nnodes=nnodes, timeout_s=timeout_s,
-                                  log_line=log)
+                                  env=env, stop=stop, log_line=log)
     seconds = time.monotonic() - started
     if returncode != 0:
         launcher = "torchrun" if restart == "torchrun" or nnodes != "1" else "smelt's agent"

@@ -9,7 +9,9 @@ process's rank, then train in generations, rejoining in process when a peer fail
 
 ``--config`` is a train config (TOML or JSON, any fsspec URL) or a run config whose ``[train]``
 section is used. ``--set optim.lr=3e-4`` overrides one key. A user mistake exits with status 2
-and one line saying what to fix; anything else is a crash with its traceback.
+and one line saying what to fix; a trainer whose run folder a newer launch took over (its lease
+epoch is fenced, tasks/lease.py) commits nothing more and exits with status 3 and one line naming
+that launch; anything else is a crash with its traceback.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import sys
 
 from tasks import datasets as contract
 from tasks.config import ConfigError, load
+from tasks.lease import Fenced
 from tasks.train.config import TrainConfig, parse_data
 
 log = logging.getLogger("tasks.train.main")
+FENCED_EXIT_CODE = 3
 
 
 def _setup_logging() -> None:
@@ -73,8 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, contract.DatasetError) as e:
         log.error("%s", e)
         return 2
-    with trainer:
+    except Fenced as e:  # the run was taken over by a newer launch (tasks/lease.py)
+        log.error("%s", e)
+        return FENCED_EXIT_CODE
+    try:
         trainer.train()
+    except Fenced as e:
+        trainer.abort()  # commit nothing more, and wait for no peer: they are stopped with us
+        log.error("%s", e)
+        return FENCED_EXIT_CODE
+    except BaseException:
+        trainer.close()
+        raise
+    trainer.close()
     return 0
 
 

@@ -61,6 +61,8 @@ import torch.distributed as dist
 import xxhash
 from torch.distributed.tensor import DTensor
 
+from tasks.lease import EPOCH_KEY, Fence
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"SMELTSN1"
@@ -300,13 +302,14 @@ class Snapshotter:
     """Takes, replicates, prunes and restores one run's snapshots. Every method is collective."""
 
     def __init__(self, run_dir_url: str, *, rank: int, world_size: int, local_world_size: int, interval_steps: int,
-                 keep: int, directory: str, identity: dict[str, Any]) -> None:
+                 keep: int, directory: str, identity: dict[str, Any], fence: Fence | None = None) -> None:
         if keep < 1:
             raise ValueError("snapshot.keep must be at least 1")
         self.rank, self.world_size = rank, world_size
         self.interval_steps = interval_steps
         self.keep = keep
         self.identity = dict(identity)  # config fingerprint, world size, layout: what a restore must match
+        self.fence = fence or Fence(run_dir_url, None)  # snapshots carry their writer's lease epoch
         self.store = SnapshotStore(store_dir(directory), run_key(run_dir_url))
         self.peer = replica_peer(rank, world_size, local_world_size)
         self.source = None if self.peer is None else (rank - local_world_size) % world_size
@@ -344,7 +347,8 @@ class Snapshotter:
             t, o = flatten(stateful.state_dict(), key + _SEP)
             tensors.update(t)
             objects.update(o)
-        header = {**self.identity, "owner": self.rank, "step": step, "objects": objects, "time": time.time()}
+        header = self.fence.stamp({**self.identity, "owner": self.rank, "step": step, "objects": objects,
+                                   "time": time.time()})
         self._copied.clear()
         self._pending = self._worker.submit(self._take, step, header, tensors)
         self.blocked_s += time.monotonic() - started
@@ -453,7 +457,9 @@ class Snapshotter:
     # ---- restoring -------------------------------------------------------------------------
 
     def _accept(self, header: dict) -> bool:
-        return all(header.get(k) == v for k, v in self.identity.items())
+        """Of this run (identity), and not written by a stale trainer after the run was taken over."""
+        return (all(header.get(k) == v for k, v in self.identity.items())
+                and self.fence.counts(header.get(EPOCH_KEY), header["step"]))
 
     def restore(self, app_state: dict, *, not_before: int | None = None,
                 template: Callable[[], dict] | None = None) -> Restored | None:

@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from tasks import datasets as contract
+from tasks.lease import Fence, Fenced
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
 from tasks.train import goodput, hf, metrics, pipeline, watchdog
@@ -246,10 +248,11 @@ class Trainer:
             "rng": RNGState(self.rank, cfg.seed),
         }
         fingerprints = {name: contract.open_dataset(url, kind="tokens").fingerprint for name, url in datasets.items()}
+        self.fence = Fence.from_env(self.run_dir)  # the launcher's lease epoch: a stale trainer commits nothing
         self.checkpointer = CheckpointManager(
             self.run_dir, cfg.checkpoint, rank=self.rank, world_size=self.world_size,
             config_fingerprint=config_fingerprint(self.model_cfg, cfg.data, fingerprints, seed=cfg.seed,
-                                                  init_from=cfg.init_from),
+                                                  init_from=cfg.init_from), fence=self.fence,
         )
         self.snapshots = None
         if cfg.snapshot.active(self.world_size):
@@ -258,7 +261,7 @@ class Trainer:
                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)),
                 interval_steps=cfg.snapshot.interval_steps, keep=cfg.snapshot.keep, directory=cfg.snapshot.dir,
                 identity={"fingerprint": self.checkpointer.config_fingerprint, "world_size": self.world_size,
-                          "layout": self.dims.describe(), "folder": self._folder_instance()})
+                          "layout": self.dims.describe(), "folder": self._folder_instance()}, fence=self.fence)
         self.resumed_from = self._resume()
         if self.resumed_from is None and cfg.init_from:
             # a fresh run starts from the folder's weights, each rank reading only its shards
@@ -316,10 +319,24 @@ class Trainer:
             event = {"source": "storage", "step": stored, "seconds": round(time.time() - started, 3),
                      "refused": self.snapshots.refused if self.snapshots is not None else []}
             log.info("resumed from checkpoint step %d (%d tokens seen)", self.state.step, self.state.tokens)
+        self._fenced_on_rank0(lambda: self.fence.adopt(0 if event is None else event["step"]))
         if event is not None and self.rank == 0:
             goodput.append_event(self.run_dir, {"event": "restore", "time": time.time(), "world_size": self.world_size,
                                                 **event})
         return None if event is None else event["step"]
+
+    def _fenced_on_rank0(self, write: Callable[[], object]) -> None:
+        """Run a fenced ``write`` on rank 0 and raise its ``Fenced`` on every rank, so all stop together."""
+        box: list[str | None] = [None]
+        if self.rank == 0:
+            try:
+                write()
+            except Fenced as e:
+                box[0] = str(e)
+        if self.world_size > 1:
+            dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            raise Fenced(box[0], self.fence.epoch, None)
 
     def _folder_instance(self) -> str:
         """A name for this run folder's life, made when it first trains: a folder deleted and made again gets
@@ -454,6 +471,8 @@ class Trainer:
             iteration_start, blocked_before = time.perf_counter(), self._blocked_s()
             snapshot_before = self.snapshots.blocked_s if self.snapshots is not None else 0.0
             record = self.train_step(step)
+            if self.rank == 0:
+                self.fence.check()  # one read per step, before its writes: a run taken over stops here
             if self.stop_request.agreed() and step < last_step:  # SIGUSR1: checkpoint this step and stop
                 log.info("stop requested (SIGUSR1): final checkpoint at step %d", step)
                 last_step = step
@@ -477,6 +496,7 @@ class Trainer:
                 record.update(snapshot_s=self.snapshots.blocked_s - snapshot_before,
                               snapshot_acked=self.snapshots.last_acked,
                               snapshot_replicated_bytes=self.snapshots.replicated_bytes)
+            record = self.fence.stamp(record)
             self.metrics.log(record)
             self.watchdog.beat(step)
             if rejected:
@@ -499,6 +519,7 @@ class Trainer:
         summary = self._summary(records, time.perf_counter() - start, first_step,
                                 final_checkpoint_s=self.checkpointer.blocked_s - blocked_before)
         if self.rank == 0:
+            self.fence.check()
             with contract.atomic_write(contract.join(self.run_dir, "summary.json"), "w") as f:
                 f.write(json.dumps(summary, indent=2, sort_keys=True))
         return summary
