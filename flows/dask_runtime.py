@@ -52,19 +52,30 @@ def dask_cluster(address: str | None = None, n_workers: int | None = None) -> It
     workers = n_workers or max(1, min(os.cpu_count() or 1, 8))
     # One thread per worker process: the hot loops (trafilatura, fastText, tokenizers) hold the GIL
     # for long stretches, so processes, not threads, give the parallelism.
-    with LocalCluster(
-        n_workers=workers,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address=":0",  # a free port: a fixed one warns when another cluster holds it
-        silence_logs=logging.CRITICAL,  # every task error reaches the client, which raises it once (tasks/errors.py)
-    ) as cluster:
-        yield cluster.scheduler_address
+    nanny = logging.getLogger("distributed.nanny")
+    level = nanny.level
+    try:
+        with LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=":0",  # a free port: a fixed one warns when another cluster holds it
+            silence_logs=logging.CRITICAL,  # every task error reaches the client, which raises it once (tasks/errors.py)
+        ) as cluster:
+            try:
+                yield cluster.scheduler_address
+            except BaseException:
+                # A failed stage closes its cluster while workers still run cancelled items: the nanny's "still
+                # alive, killing" warning would follow the failure's one sentence.
+                nanny.setLevel(logging.ERROR)
+                raise
+    finally:
+        nanny.setLevel(level)
 
 
 class DaskMap:
-    """A ``MapFn`` over a Dask scheduler: one task per item, retried if its worker dies."""
+    """A ``MapFn`` over a Dask scheduler: one task per item, rerun after a transient failure (tasks/parallel.py)."""
 
     def __init__(self, address: str, retries: int = 2, log_fn: Callable[[str], None] | None = None):
         self.address = address

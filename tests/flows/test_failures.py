@@ -119,3 +119,33 @@ def test_an_unreadable_checkpoint_is_one_sentence_without_a_retry(prefect_harnes
     result, seconds = smelt(tmp_path, "eval", "--checkpoint", run["checkpoint"])
     last = assert_one_sentence(result, seconds, names=tensor_file.name)
     assert re.search(r"checksum differs|fails verification", last) and "not retried" in last
+
+
+def test_a_stage_task_retries_a_transient_failure_and_never_a_permanent_one(prefect_harness, tmp_path, monkeypatch):
+    from prefect import flow, task
+
+    from flows.common import fails_in_one_sentence, one_sentence_failures, retry_options
+    from tasks.errors import StageFailed
+
+    monkeypatch.setenv("SMELT_LOG_DIR", str(tmp_path))
+    attempts: list[str] = []
+
+    @task(**retry_options(1, delay_s=0))
+    @one_sentence_failures("probe")
+    def probe(kind: str) -> str:
+        attempts.append(kind)
+        if kind == "permanent":
+            raise datasets.DatasetError("shard x is corrupt: re-run the stage that wrote it")
+        if attempts.count(kind) == 1:
+            raise ConnectionResetError("connection reset by peer")
+        return "ok"
+
+    @flow
+    @fails_in_one_sentence
+    def probe_flow(kind: str) -> str:
+        return probe(kind)
+
+    assert probe_flow("transient") == "ok" and attempts == ["transient", "transient"]
+    with pytest.raises(StageFailed, match="probe failed: shard x is corrupt") as failed:
+        probe_flow("permanent")
+    assert attempts.count("permanent") == 1 and Path(failed.value.log_path).exists()
