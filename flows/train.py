@@ -106,6 +106,25 @@ def publish_run_reports(run_dir: str, run_name: str) -> None:
             create_table_artifact(key=artifact_key(f"smelt-goodput-{run_name}"),
                                   table=[{"part": k, "value": v} for k, v in goodput.items() if not isinstance(v, list)],
                                   description=f"wall-time split of {run_dir}")
+    publish_loss_by_source(run_dir, run_name)
+
+
+def publish_loss_by_source(run_dir: str, run_name: str) -> None:
+    """Loss by data source, quality bucket and language per evaluation interval (tasks/trace/by_source.py),
+    beside the eval table: a table artifact and a link to its plot in the run folder."""
+    from tasks.trace.by_source import write_report
+    from tasks.trace.run import TraceError
+
+    try:
+        rows, plot_url = write_report(run_dir)
+    except TraceError as e:  # a run trained before per-sample losses were recorded
+        get_run_logger().info(f"train: no loss-by-source report for {run_dir}: {e}")
+        return
+    create_table_artifact(key=artifact_key(f"smelt-loss-by-source-{run_name}"),
+                          table=rows or [{"by": None, "note": "no per-sample losses recorded"}],
+                          description=f"mean sequence loss by source, quality bucket and language per interval: {run_dir}")
+    create_link_artifact(key=artifact_key(f"smelt-loss-by-source-plot-{run_name}"), link=plot_url,
+                         description=f"loss by source, quality and language: {run_dir}")
 
 
 @task(name="train", cache_policy=NO_CACHE, **retry_options(0))

@@ -116,3 +116,22 @@ def test_the_rolled_back_step_is_a_spike_with_its_documents_and_the_ledger_lists
     assert counts["counts"] == {"0": window, "1": counts["samples"] - window}
     assert [(s["start"], s["end"]) for s in counts["skipped"]] == [(skipped["start"], skipped["end"])]
     assert counts["superseded_steps"] == list(range(skipped["rolled_back_to"] + 1, NAN_STEP + 1))
+
+
+def test_loss_by_source_has_a_row_per_group_and_evaluation_interval_and_a_plot(traced):
+    from tasks.trace.by_source import write_report
+
+    _, run_dir, _ = traced
+    rows, plot_url = write_report(run_dir, every=10)  # the run's checkpoint interval: the steps the eval flow scores
+    ends = sorted({r["last_step"] for r in rows})
+    assert ends == list(range(10, 201, 10))
+    for by in ("source", "quality", "lang"):
+        per_interval = {}
+        for r in (r for r in rows if r["by"] == by):
+            per_interval[r["last_step"]] = per_interval.get(r["last_step"], 0) + r["sequences"]
+        assert all(n == 10 * 8 for n in per_interval.values()), (by, per_interval)  # every kept sequence, once
+    assert {(r["by"], r["group"]) for r in rows} == {("source", "web"), ("quality", "none"), ("lang", "en")}
+    first, last = (next(r["mean_loss"] for r in rows if r["by"] == "source" and r["last_step"] == s) for s in (10, 200))
+    assert last < first
+    fs, path = datasets.filesystem(plot_url)
+    assert fs.cat_file(path)[:8] == b"\x89PNG\r\n\x1a\n"
