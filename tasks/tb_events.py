@@ -17,7 +17,7 @@ import time
 
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
-from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
@@ -57,6 +57,13 @@ class EventWriter:
     def scalar(self, tag: str, value: float, step: int, wall_time: float | None = None) -> None:
         self._pending.append(scalar_event(tag, value, step, time.time() if wall_time is None else wall_time))
 
+    def session_start(self, step: int, wall_time: float | None = None) -> None:
+        """Mark a restart at ``step``: TensorBoard drops the points of earlier files at this step and after
+        (they were trained again, or never on the run's final trajectory)."""
+        event = Event(wall_time=time.time() if wall_time is None else wall_time, step=int(step),
+                      session_log=SessionLog(status=SessionLog.START))
+        self._pending.append(record(event.SerializeToString()))
+
     def scalars(self, values: dict[str, float], step: int, wall_time: float | None = None) -> None:
         for tag, value in values.items():
             self.scalar(tag, value, step, wall_time)
@@ -66,8 +73,8 @@ class EventWriter:
         self._path = f"{self.dir}/{self.fixed_name or file_name(now)}"
         self._flushes = 0
         head = record(Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
+        self.fs.makedirs(self.dir, exist_ok=True)  # a no-op under an object store's bucket
         if self.appendable:
-            self.fs.makedirs(self.dir, exist_ok=True)
             self._file = self.fs.open(self._path, "wb")
             self._file.write(head)
         else:

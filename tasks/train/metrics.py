@@ -104,8 +104,8 @@ class MetricsLogger:
 
     The log is appended to on local disk and written as rolled segments on object stores
     (tasks/jsonlog.py, tasks/tb_events.py); ``goodput.read_jsonl`` and the eval report read either.
-    Each process group starts a new event file: TensorBoard drops the points of a file that a later
-    file's earlier step supersedes, as the run's final trajectory does.
+    Each process group starts a new event file with a restart mark at its first step, so TensorBoard drops
+    the earlier groups' points from that step on, as the run's final trajectory does.
     """
 
     def __init__(self, run_dir: str, *, enabled: bool) -> None:
@@ -114,6 +114,7 @@ class MetricsLogger:
         self._log = None
         self._tb = None
         self._progress = None
+        self._started = False
         if not enabled:
             return
         self._log = jsonlog.Segment(run_dir, METRICS)
@@ -128,6 +129,9 @@ class MetricsLogger:
         self._log.write(record)
         if "step" not in record:
             return
+        if not self._started:  # this process group's first step: TensorBoard drops what it supersedes
+            self._tb.session_start(record["step"], record.get("time"))
+            self._started = True
         self._tb.scalars({f"train/{k}": v for k, v in record.items()
                           if k not in NOT_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)},
                          record["step"], record.get("time"))

@@ -121,5 +121,5 @@ def test_the_flows_publish_the_report_at_every_checkpoint_and_after_the_eval(run
     published = json.loads(Path(datasets.filesystem(run_dir)[1], "published.json").read_text())
     # one per poll that found new checkpoints (one or more each), the finished run's, and the eval's
     assert len(versions) >= 3 and published
-    assert {v.data for v in versions} == {datasets.join(run_dir, "report.html")}
+    assert {v.data for v in versions} == {f"[run report]({datasets.join(run_dir, 'report.html')})"}  # a link
     assert "<svg" in Path(datasets.filesystem(run_dir)[1], "report.html").read_text()
