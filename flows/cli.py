@@ -242,7 +242,7 @@ def tokenizer_train(
 
 @app.command()
 def train(
-    data: Annotated[list[str], typer.Option("--data", "-d", help="Token dataset URL, or name=URL for a mixture (repeatable).")],
+    data: Annotated[Optional[list[str]], typer.Option("--data", "-d", help="Token dataset URL, or name=URL for a mixture (repeatable).")] = None,
     root: RootOpt = "smelt-data",
     run_dir: Annotated[Optional[str], typer.Option(help="Run folder (default <root>/train/<run identity>: model, data, batch contract, seed; a longer train.steps or a code fix continues it).")] = None,
     config: ConfigOpt = None,
@@ -251,8 +251,22 @@ def train(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the layout, per-rank parameters and accumulation; train nothing.")] = False,
     init_from: Annotated[Optional[str], typer.Option(help="Start from this Hugging Face Llama folder (continued pretraining).")] = None,
     as_json: JsonOpt = False,
+    simulate_world: Annotated[Optional[int], typer.Option(help="With --dry-run: build and step one rank of an N-rank job on fake tensors; its peak memory beside the plan's.")] = None,
+    rank: Annotated[int, typer.Option(help="The rank --simulate-world builds (its mesh coordinates).")] = 0,
 ) -> None:
     """Launch torchrun to train (or resume) a model on token datasets."""
+    if not data and not (dry_run and simulate_world):
+        raise typer.BadParameter("--data is required (unless --dry-run --simulate-world)", param_hint="--data")
+    if dry_run and simulate_world:
+        from flows.config import section
+        from tasks.config import from_dict
+        from tasks.train.config import TrainConfig
+        from tasks.train.main import simulate
+
+        cfg = _config(config, list(set_ or []))
+        report = simulate(from_dict(TrainConfig, section(cfg, "train")), data, simulate_world, rank)
+        _emit(report, as_json, lambda r: console.print_json(json.dumps(r, default=str)))
+        return
     if not dry_run:
         _reachable()
     from flows.config import section

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from infra.catalogue import gpu as lookup_gpu
@@ -21,7 +22,7 @@ from infra.launch.job import launch_command
 from infra.layout import parse_layout, trainer_gaps
 from infra.memory import GB, MemoryAssumptions
 from infra.models import parse_model_set
-from infra.planner import ModeRow, Plan, PlanInputs, SensitivityRow, plan, recovery_modes, sensitivity, to_dict
+from infra.planner import ModeRow, Plan, PlanInputs, SensitivityRow, plan, recovery_modes, sensitivity, to_dict, verify
 from infra.recovery import DEFAULT_RECOVERY, NOT_IN_SMELT, RECOVERY_MODES, describe
 from infra.recovery_figures import DETECTION_S, PROCESS_GROUP_INIT_S
 from infra.reliability import LLAMA3_MTBF_GPU_HOURS, FailureAssumptions
@@ -86,6 +87,12 @@ HeadroomOpt = Annotated[float, typer.Option(
          "whole device, as the validation table judges published runs).")]
 ValidateOpt = Annotated[bool, typer.Option(
     "--validate", help="Print the planner's error against published runs (infra/validation.py) and exit.")]
+VerifyOpt = Annotated[bool, typer.Option(
+    "--verify", help="Build and step the busiest ranks (first pipeline stage, output layer) of the chosen layout and "
+                     "the runners-up with smelt's trainer on fake tensors, and compare their peak memory with the "
+                     "plan's (minutes per rank; tasks/train/simulate_world.py).")]
+VerifyLayoutsOpt = Annotated[int, typer.Option(
+    help="With --verify: how many layouts to check, the chosen one first (0: it and every runner-up).")]
 ALL_SCHEDULES = "1F1B,Interleaved1F1B,ZBVZeroBubble"
 
 
@@ -158,6 +165,7 @@ def plan_command(
     validate: ValidateOpt = False, compile: CompileOpt = False, stack: StackOpt = "smelt",
     memory_headroom: HeadroomOpt = MemoryAssumptions().headroom, recovery: RecoveryOpt = DEFAULT_RECOVERY,
     detection_seconds: DetectionOpt = DETECTION_S.value, process_group_init_seconds: PgInitOpt = PROCESS_GROUP_INIT_S.value,
+    verify_plan: VerifyOpt = False, verify_layouts: VerifyLayoutsOpt = 0,
 ) -> None:
     """Pick the fastest 3D layout that fits (or score --layout), and say whether the run meets the deadline
     and the budget."""
@@ -186,10 +194,20 @@ def plan_command(
              else errors["per_system_mean_abs_error"][STACKS[stack].system_name])
     rows = sensitivity(result, planner_error=error)
     modes = recovery_modes(result)
+    verified = None
+    if verify_plan:
+        if verify_layouts < 0:
+            raise typer.BadParameter("must be 0 (all) or more", param_hint="--verify-layouts")
+        try:
+            verified = verify(result, verify_layouts)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--verify") from None
     if json_out:
-        print(json.dumps(to_dict(result, rows, modes)))
+        print(json.dumps(to_dict(result, rows, modes, verified)))
         return
     render_plan(result, rows, Console(), modes)
+    if verified is not None:
+        render_verify(verified, Console())
 
 
 def simulate_command(
@@ -397,6 +415,20 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console, mode
         setting = row.setting + (f" → {row.layout}" if row.layout and row.layout != L.name else "")
         t.add_row(row.factor, setting, f"{row.days:.1f}" if row.days else "-",
                   _money(row.cost) if row.cost else "-", "yes" if row.feasible else "no")
+    console.print(t)
+
+
+def render_verify(entries: list[dict], console: Console) -> None:
+    t = _table("Plan against the trainer (one rank built and stepped on fake tensors; GB without the runtime "
+               "allowance)", "layout", "rank", "simulated", "planned", "difference", "seconds")
+    for e in entries:
+        if "error" in e:
+            t.add_row(e["layout"], f"{e['rank']} ({e['role']})", "-", f"{e['planned_peak_gb']:.1f}",
+                      f"[red]{escape(e['error'])}[/red]", f"{e['seconds']:.0f}")
+            continue
+        flag = "" if abs(e["difference"]) <= 0.10 else "[red] > 10%[/red]"
+        t.add_row(e["layout"], f"{e['rank']} ({e['role']})", f"{e['simulated_peak_gb']:.1f}",
+                  f"{e['planned_peak_gb']:.1f}", f"{e['difference']:+.1%}{flag}", f"{e['seconds']:.0f}")
     console.print(t)
 
 

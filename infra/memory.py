@@ -56,6 +56,7 @@ log-softmax keeps the fp32 input and the shifted copy while it builds the output
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from infra.catalogue import GPU
@@ -92,6 +93,10 @@ class MemoryAssumptions:
     # buffers until the next step: "all" schedules before PyTorch #164329 (October 2025), since then "split" (those
     # whose input backward is split from the weights', ZB-V; tests/infra/test_pipeline_inflight.py), or "none"
     kept_input_grads: str = "split"
+    # torch 2.13's DTensor has no backward strategy for a vocabulary-sharded embedding (weight Shard(0), as
+    # tasks/train/parallelize.py's TP plan shards it): its gradient comes out replicated, the whole vocabulary on
+    # every TP rank (``embedding_grad_bytes``; found by tasks/train/simulate_world.py)
+    replicated_embedding_grad: bool = True
 
 
 @dataclass(frozen=True)
@@ -192,6 +197,18 @@ def head_activation_bytes(shape: ModelShape, tp: int, saves: str = "torch") -> f
     sequence-parallel projection keeps it sharded and gathers it again); bf16."""
     h = shape.cfg.dim
     return 2 * h / tp + (2 * h / tp if saves == "megatron" else 2 * h)
+
+
+def embedding_grad_bytes(shape: ModelShape, layout: Layout, a: MemoryAssumptions = MemoryAssumptions()) -> float:
+    """What the rank holding the embedding keeps for its gradient beyond its share, in smelt's trainer (``saves``
+    "torch") under TP and a pipeline: the embedding's backward gives the whole vocabulary's bf16 gradient on every
+    TP rank, which FSDP2, accumulating without reducing while the pipeline runs its micro-batches, upcasts to the
+    fp32 accumulator of the whole vocabulary until the step ends. Without a pipeline the bf16 gradient lives only
+    at the end of the backward, when the activations are gone: not counted."""
+    if not a.replicated_embedding_grad or a.saves != "torch" or layout.tp == 1 or layout.pp == 1:
+        return 0.0
+    whole = shape.embedding_params
+    return a.grad_bytes * whole * (1 - 1 / layout.tp) + a.param_bytes * whole
 
 
 def _stage_activations(shape: ModelShape, layout: Layout, layers: int, tokens: int, saves: str) -> float:
@@ -317,6 +334,7 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     split = layout.split(shape)
     stage_params = split.max_params / layout.tp
     params, grads, optimizer = model_state_bytes(stage_params, layout.zero, layout.state_shards, a)
+    grads += embedding_grad_bytes(shape, layout, a)
 
     # FSDP gathers one unit (layer, or the larger embedding/output) at a time, prefetching the next.
     unit = max(shape.layer_params, shape.embedding_params, shape.output_params) / layout.tp
@@ -349,3 +367,68 @@ def memory_per_rank(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: i
     return MemoryBreakdown(params=params, grads=grads, optimizer=optimizer, fsdp_buffers=buffers,
                            activations=activations, logits=logits_held, runtime=a.runtime_gb * GB,
                            usable=gpu.memory_gb * GB * (1 - a.headroom))
+
+
+def rank_memory(shape: ModelShape, layout: Layout, gpu: GPU, microbatches: int, pp_rank: int,
+                a: MemoryAssumptions = MemoryAssumptions()) -> MemoryBreakdown:
+    """Peak memory of pipeline rank ``pp_rank``, counted as ``memory_per_rank`` counts the busiest one (which takes
+    the larger parameters of any rank with the activations of rank 0 or the output rank): its own parameters, its
+    micro-batches in flight, and the loss and the head only where the output layer is."""
+    if not 0 <= pp_rank < layout.pp:
+        raise ValueError(f"pipeline rank must be in [0, {layout.pp}), got {pp_rank}")
+    split = layout.split(shape)
+    if layout.pp == 1:
+        return memory_per_rank(shape, layout, gpu, microbatches, a)
+    busiest = memory_per_rank(shape, layout, gpu, microbatches, a)  # the same FSDP buffers and FP8 copies
+    params, grads, optimizer = model_state_bytes(split.params[pp_rank] / layout.tp, layout.zero, layout.state_shards, a)
+    if pp_rank == 0:
+        grads += embedding_grad_bytes(shape, layout, a)
+    tokens = layout.micro_batch * shape.seq_len // layout.cp
+    held = _rank_activations(shape, layout, split, pp_rank, microbatches, tokens, a)
+    ring = cp_ring_bytes(shape, layout, tokens, a.saves)
+    logits_held = 0.0
+    if pp_rank == split.output_rank:
+        per_logit = a.logits_bytes
+        if layout.tp > 1 and a.loss_parallel_logits_bytes is not None:
+            per_logit = a.loss_parallel_logits_bytes
+        loss = tokens * shape.cfg.vocab_size / layout.tp * per_logit
+        head = tokens * head_activation_bytes(shape, layout.tp, a.saves)
+        activations = held + head + max(ring - loss - head, 0.0)
+        kept = kept_logits_bytes(shape, layout, microbatches, tokens, a.kept_outputs) if a.torch_pipelining else 0.0
+        logits_held = loss + kept
+    else:
+        activations = held + ring
+    return dataclasses.replace(busiest, params=params, grads=grads, optimizer=optimizer, activations=activations,
+                               logits=logits_held)
+
+
+def trainer_layout(tp: int, pp: int, dp_replicate: int, dp_shard: int, *, pp_schedule: str, zero2: bool,
+                   activation_checkpoint: str, float8: str, micro_batch: int, pp_microbatches: int) -> Layout:
+    """The planner's Layout for a trainer config (the inverse of ``Layout.to_parallel_config``): ZeRO-1 under a
+    pipeline, 2 with ``zero2``, else 3; a pipeline micro-batch is the trainer's micro-batch cut in
+    ``pp_microbatches``."""
+    from infra.layout import TRAINER_SCHEDULES
+
+    return Layout(tp=tp, pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard,
+                  zero=1 if pp > 1 else 2 if zero2 else 3,
+                  micro_batch=micro_batch // pp_microbatches if pp > 1 else micro_batch,
+                  activation_checkpoint=activation_checkpoint, pp_schedule=pp_schedule if pp > 1 else "1F1B",
+                  virtual_stages=TRAINER_SCHEDULES[pp_schedule] if pp > 1 else 1,
+                  precision="bf16" if float8 == "none" else "fp8")
+
+
+def planned_for_trainer(model_cfg, parallel, dp_shard: int, batch: dict, pp_rank: int, gpu: GPU | None = None,
+                        a: MemoryAssumptions = MemoryAssumptions()) -> dict:
+    """The planner's figures for one rank of a trainer run (``parallel``: its ParallelConfig with ``dp_shard``
+    resolved; ``batch``: its BatchPlan as a dict), as GB, and ``peak_gb``: the total less the fixed ``runtime``
+    allowance (CUDA context, NCCL and cuBLAS workspaces), which no tensor holds: what a tensor tracker can see."""
+    from infra.catalogue import CATALOGUE
+
+    layout = trainer_layout(parallel.tp, parallel.pp, parallel.dp_replicate, dp_shard,
+                            pp_schedule=parallel.pp_schedule, zero2=parallel.zero2,
+                            activation_checkpoint=parallel.activation_checkpoint, float8=parallel.float8,
+                            micro_batch=batch["micro_batch"], pp_microbatches=batch["pp_microbatches"])
+    shape = ModelShape(model_cfg, batch["seq_len"])
+    m = rank_memory(shape, layout, gpu or CATALOGUE["h100"], layout.microbatches(batch["global_batch"]), pp_rank, a)
+    peak = m.total - m.runtime
+    return {"layout": layout.name, **m.as_dict(), "peak_gb": round(peak / GB, 3), "peak_bytes": round(peak)}

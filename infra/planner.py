@@ -3,12 +3,18 @@
 ``plan(PlanInputs(...))`` answers "will this model, on this many GPUs, train on this many tokens before
 the deadline and within the budget?" with the chosen layout, the runners-up and why they lose, the memory
 and time breakdowns, the failure/checkpoint figures and a sensitivity table. Pure arithmetic: no torch.
+``verify(plan)`` holds the memory figures to smelt's trainer: it builds and steps the busiest ranks of each
+proposed layout on fake tensors, each in a process of its own (tasks/train/simulate_world.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -16,7 +22,7 @@ from pathlib import Path
 from infra.catalogue import CATALOGUE, GPU
 from infra.layout import AC_MODES, PRECISIONS, TRAINER_SCHEDULES, Layout, ModelShape, Rejection, check_shape, \
     even_interleavings, trainer_gaps
-from infra.memory import GB, MemoryAssumptions, MemoryBreakdown, memory_per_rank
+from infra.memory import GB, MemoryAssumptions, MemoryBreakdown, memory_per_rank, rank_memory
 from infra.models import model_config
 from infra.recovery import RECOVERY_MODES, describe
 from infra.recovery_figures import USED as RECOVERY_FIGURES
@@ -401,7 +407,8 @@ def recovery_dict(r: Reliability) -> dict:
     }
 
 
-def to_dict(result: Plan, rows: list[SensitivityRow] | None = None, modes: list[ModeRow] | None = None) -> dict:
+def to_dict(result: Plan, rows: list[SensitivityRow] | None = None, modes: list[ModeRow] | None = None,
+            verified: list[dict] | None = None) -> dict:
     """The JSON answer: the verdict keys first, then every breakdown."""
     i, best = result.inputs, result.best
     out = {
@@ -461,4 +468,75 @@ def to_dict(result: Plan, rows: list[SensitivityRow] | None = None, modes: list[
         out["sensitivity"] = [dataclasses.asdict(r) for r in rows]
     if modes is not None:
         out["recovery_modes"] = [{**dataclasses.asdict(m), "label": describe(m.mode)} for m in modes]
+    if verified is not None:
+        out["verify"] = verified
     return out
+
+
+# -- the plan against the trainer -------------------------------------------------------------------------
+
+VERIFY_TIMEOUT_S = 1800.0  # one rank of one layout; 405B's pipeline rank took about 6 minutes on two shared cores
+
+
+def verify_ranks(layout: Layout, shape: ModelShape) -> list[tuple[int, int, str]]:
+    """(global rank, pipeline rank, role) of the ranks with the most memory: the first pipeline stage's and the
+    one holding the output layer (the same rank without a pipeline, or under ZB-V); the rank at the other mesh
+    coordinates 0 (the mesh is pp × dp_replicate × dp_shard × tp, tasks/train/parallel_dims.py)."""
+    per_pp_rank = layout.world // layout.pp
+    output = layout.split(shape).output_rank
+    if output == 0:
+        return [(0, 0, "first stage, output layer")]
+    return [(0, 0, "first stage"), (output * per_pp_rank, output, "output layer")]
+
+
+def verify_command(inputs: PlanInputs, layout: Layout, rank: int) -> list[str]:
+    """``python -m tasks.train.main --dry-run --simulate-world`` for one rank of ``layout`` as the plan trains it."""
+    sets = {"model_preset": inputs.model, **{f"model.{k}": v for k, v in inputs.model_sets}}
+    if inputs.vocab_size:
+        sets["model.vocab_size"] = inputs.vocab_size
+    sets.update(layout.trainer_overrides(inputs.global_seqs, inputs.seq_len, inputs.timing.compiled_recompute))
+    command = [sys.executable, "-m", "tasks.train.main", "--dry-run", "--simulate-world", str(layout.world),
+               "--rank", str(rank)]
+    for key, value in sets.items():
+        command += ["--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
+    return command
+
+
+def verify(result: Plan, layouts: int = 0, timeout_s: float = VERIFY_TIMEOUT_S) -> list[dict]:
+    """The chosen layout and the runners-up (the first ``layouts`` of them; 0: all), each busiest rank built and
+    stepped by smelt's trainer on fake tensors: ``{layout, rank, role, simulated_peak_gb, planned_peak_gb,
+    difference, seconds}``, or ``error`` where the trainer cannot build or step it. The planned peak is the plan's
+    figure for that rank less its fixed runtime allowance (CUDA context, NCCL, workspaces), which no tensor holds."""
+    i = result.inputs
+    if not result.best:
+        return []
+    if i.hf_config is not None or not i.smelt_trainer:
+        raise ValueError("--verify checks smelt's trainer on a preset model (no --model-config, --stack smelt)")
+    chosen = [result.best.layout] + [c.layout for c, _ in result.runners_up]
+    entries = []
+    for layout in chosen[:layouts or None]:
+        microbatches = layout.microbatches(i.global_seqs)
+        for rank, pp_rank, role in verify_ranks(layout, i.shape):
+            planned = rank_memory(i.shape, layout, i.gpu, microbatches, pp_rank, i.memory)
+            entry = {"layout": layout.name, "rank": rank, "pp_rank": pp_rank, "role": role,
+                     "planned_peak_gb": round((planned.total - planned.runtime) / GB, 3)}
+            started = time.perf_counter()
+            logger.info("verify: %s rank %d (%s)", layout.name, rank, role)
+            try:
+                done = subprocess.run(verify_command(i, layout, rank), capture_output=True, text=True,
+                                      timeout=timeout_s, check=False)
+            except subprocess.TimeoutExpired:
+                entry.update(error=f"no answer in {timeout_s:g} s", seconds=round(timeout_s, 1))
+                entries.append(entry)
+                continue
+            entry["seconds"] = round(time.perf_counter() - started, 1)
+            if done.returncode:
+                lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+                entry["error"] = lines[-1] if lines else f"exit status {done.returncode}"
+            else:
+                simulated = json.loads(done.stdout)["simulated"]
+                entry.update(simulated_peak_gb=simulated["peak_gb"], simulated_gb=simulated["by_category_gb"],
+                             difference=round(simulated["peak_gb"] / entry["planned_peak_gb"] - 1, 4),
+                             cpu_seconds=simulated["cpu_seconds"])
+            entries.append(entry)
+    return entries

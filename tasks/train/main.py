@@ -3,6 +3,11 @@
     torchrun ... -m tasks.train.main --config FILE.toml --data TOKENS_URL | --data name=URL ... \
         --run-dir URL [--set key=value ...]
     python -m tasks.train.main --config FILE.toml --data URL --dry-run --nproc 8
+    python -m tasks.train.main --config FILE.toml --dry-run --simulate-world 4096 [--rank R]
+
+``--simulate-world N``: build rank R of an N-rank job with the trainer's code on a fake process group and
+fake tensors, step it once under torch's memory tracker, and print its peak beside the planner's
+(tasks/train/simulate_world.py); ``--data`` only sets the vocabulary there.
 
 ``--spare`` (smelt's node agent, tasks/train/agent.py): import everything, wait on stdin for this
 process's rank, then train in generations, rejoining in process when a peer fails.
@@ -43,16 +48,21 @@ def _setup_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tasks.train.main", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="train config (TOML/JSON) or run config with a [train] section")
-    parser.add_argument("--data", required=True, action="append",
+    parser.add_argument("--data", action="append",
                         help="tokens dataset URL, or name=URL for a mixture (repeat for each dataset)")
     parser.add_argument("--run-dir", help="run folder: metrics, summary, checkpoints (required unless --dry-run)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key, e.g. --set optim.lr=3e-4 (repeatable)")
     parser.add_argument("--dry-run", action="store_true", help="print the layout, memory and batch walk as JSON")
     parser.add_argument("--nproc", type=int, default=1, help="world size to describe with --dry-run")
+    parser.add_argument("--simulate-world", type=int, metavar="N",
+                        help="with --dry-run: build and step one rank of an N-rank job on fake tensors, measure its memory")
+    parser.add_argument("--rank", type=int, default=0, help="the rank --simulate-world builds (its mesh coordinates)")
     parser.add_argument("--spare", action="store_true",
                         help="a warm spare of smelt's node agent: wait on stdin for a rank (tasks/train/agent.py)")
     args = parser.parse_args(argv)
+    if not args.data and not (args.dry_run and args.simulate_world):
+        parser.error("--data is required (unless --dry-run --simulate-world)")
 
     from tasks.train.launch import preflight  # torch import: after argument errors
     from tasks.train.trainer import Trainer
@@ -65,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load(TrainConfig, args.config, args.overrides, section="train")
+        if args.dry_run and args.simulate_world:
+            print(json.dumps(simulate(cfg, args.data, args.simulate_world, args.rank), indent=2))
+            return 0
         sources = parse_data(args.data)
         if args.dry_run:
             print(json.dumps(preflight(cfg, sources, [args.nproc]), indent=2))
@@ -91,6 +104,20 @@ def main(argv: list[str] | None = None) -> int:
         raise
     trainer.close()
     return 0
+
+
+def simulate(cfg: TrainConfig, data: list[str] | None, world_size: int, rank: int) -> dict:
+    """One simulated rank (tasks/train/simulate_world.py) beside the planner's figures for it (infra/memory.py)."""
+    from infra.memory import planned_for_trainer
+    from tasks.train.launch import data_vocab_size
+    from tasks.train.simulate_world import simulate_rank
+
+    vocab = data_vocab_size(parse_data(data)) if data else 0
+    simulated = simulate_rank(cfg, world_size, rank, vocab)
+    planned = planned_for_trainer(cfg.model_for_data(vocab) if vocab else cfg.model_config(), cfg.parallel,
+                                  simulated.dp_shard, simulated.batch, simulated.coordinates["pp"])
+    return {"simulated": simulated.as_dict(), "planned": planned,
+            "difference": round(simulated.peak / planned["peak_bytes"] - 1, 4)}
 
 
 def _train_in_generations(cfg, sources: dict[str, str], run_dir: str) -> int:
