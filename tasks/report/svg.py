@@ -25,8 +25,9 @@ def fmt(v: float) -> str:
 
 def ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     """About ``n`` round tick values covering [lo, hi]."""
-    if hi <= lo:
-        hi = lo + (abs(lo) or 1.0)
+    if hi <= lo:  # one value: a little room on each side of it
+        pad = max(1.0, abs(lo) * 0.1)
+        lo, hi = lo - pad, hi + pad
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
