@@ -63,8 +63,10 @@ takeover; S3 cannot make a PUT conditional on another object. Where a commit can
 itself, use it:
 
 - ``put_if_absent`` (``write_fenced(..., exclusive=True)``) for a commit object with a name of
-  its own (a checkpoint step's manifest): the stale writer cannot overwrite what the new holder
-  committed, nor can the new holder silently overwrite it.
+  its own that is never legitimately rewritten: the stale writer cannot overwrite what the new
+  holder committed. (A checkpoint step is rewritten after a rollback or a redone step, so its
+  manifest is replaced, not created once; a stale writer's late files for a step the new holder
+  also wrote fail that manifest's checksums, and the step is skipped, never mixed.)
 - Stamp the commit with its epoch (``EPOCH_KEY``) and its step, and have readers ask
   ``commit_superseded(run, epoch, step)``. The new epoch records once, with ``adopt(run, epoch,
   step)``, the newest committed step it continues from, after reading the folder and before its
@@ -80,20 +82,19 @@ taker's clock, so clocks must agree to well under ``timeout_s`` (NTP gives milli
 of seconds or more). A skewed clock can only cause an early takeover, which fencing still makes
 safe; the holder's own ``keep_alive`` counts time on the monotonic clock.
 
-Wiring (to come, after the trainer's restart path lands):
+Where it is used:
 
-- launcher: ``with acquire(run_dir, timeout_s=60, wait=wait_s) as lease:`` keeps it alive and
-  releases it at the end (or ``lease.keep_alive(on_lost=stop_torchrun)`` and ``lease.release()``);
-  ``LeaseHeld``'s message is the one-sentence refusal, ``wait=`` is ``--wait``; pass
-  ``lease.env()`` (``SMELT_LEASE_EPOCH``) to torchrun.
-- trainer: ``epoch_from_env()``; the restart path picks the newest checkpoint with
-  ``commit_superseded(run, e, step, as_of=epoch)`` over manifests stamped ``EPOCH_KEY``, then
-  ``adopt(run, epoch, step)``, and removes the superseded commits it will write again (a commit
-  object is never overwritten); before each checkpoint manifest (``write_fenced(...,
-  exclusive=True)``), metrics write, snapshot or eval publication, ``check_fence(run, epoch)``,
-  and on ``Fenced`` commit nothing and exit with its sentence.
-- readers (eval, export, the flow's "newest checkpoint"): skip manifests ``commit_superseded``
-  names a reason for.
+- the launcher (``tasks/train/launch.py``: ``take_run_lease``, ``launch_training``) and the train task
+  (``flows/train.py``, which holds it from its finished-run check to the run's manifest) renew it with
+  ``keep_alive`` and stop the ranks when it is lost; the ranks get the epoch as ``SMELT_LEASE_EPOCH``.
+- the trainer's ``Fence``: rank 0 checks once per step and before ``summary.json``; checkpoint commits
+  and deletions check and stamp it; snapshots carry it; the first restore ``adopt``s its step. A
+  fenced trainer exits with status 3 and the sentence.
+- readers: ``tasks/checkpoints.checkpoint_problems`` reports a superseded commit as a problem, so
+  ``list_committed``, ``resolve``, ``finished_run``, eval and export skip it; the holder reads
+  ``as_of`` its own epoch.
+- data stages (``flows/common.reuse_or_run``): the output folder's lease makes concurrent runs compute
+  a stage once; the others wait for it and reuse the manifest.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 import yaml
 
 from infra.launch.job import JobSpec, shell_line
+from tasks.train.launch import TORCHRUN_ENV
 
 CACHE_DIR = "/var/cache/smelt"
 
@@ -36,7 +37,7 @@ def render(spec: JobSpec, python: str = "python") -> str:
         "image": spec.image,
         "command": ["sh", "-c", 'trap "" USR1; exec ' + shell_line(cmd, service)],
         "env": [{"name": "SMELT_CACHE_DIR", "value": CACHE_DIR},
-                *({"name": k, "value": v} for k, v in sorted(spec.env.items()))],
+                *({"name": k, "value": v} for k, v in sorted({**TORCHRUN_ENV, **spec.env}.items()))],
         "envFrom": [{"secretRef": {"name": spec.store_secret}}],
         "ports": [{"name": "rdzv", "containerPort": spec.rdzv_port}],
         "resources": resources,

@@ -23,6 +23,7 @@ import subprocess
 from pathlib import Path
 
 from infra.launch.job import REPO_ROOT, JobSpec, SubmitError, shell_line
+from tasks.train.launch import TORCHRUN_ENV
 
 
 def _time(minutes: int) -> str:
@@ -50,7 +51,7 @@ def render(spec: JobSpec, python: str | None = None) -> str:
     # One rendezvous per run of the job: agents left over from before a requeue (a node that was
     # only marked down) must not join the new one.
     torchrun = torchrun.replace("'$SLURM_JOB_ID'", '"smelt-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"')
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(spec.env.items()))
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted({**TORCHRUN_ENV, **spec.env}.items()))
     return f"""#!/bin/bash
 {chr(10).join('#SBATCH ' + d for d in directives)}
 # Rendered by `smelt launch slurm` for the run {spec.run_dir}

@@ -35,7 +35,7 @@ import psutil
 
 from tasks import datasets as contract
 from tasks.config import from_dict
-from tasks.lease import ENV_EPOCH, Lease, LeaseError, LeaseHeld, LeaseLost, acquire
+from tasks.lease import ENV_EPOCH, Lease, LeaseError, LeaseHeld, LeaseLost, LeaseRecord, acquire
 from tasks.train import goodput
 from tasks.train.config import TrainConfig
 
@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STOP_GRACE_S = 30.0  # torchrun forwards SIGTERM to its ranks and waits for them; then SIGKILL
 LEASE_TIMEOUT_S = 60.0  # a launcher that stops renewing its run folder's lease for this long can be taken over
+# Every torchrun agent smelt starts (here, Slurm, Kubernetes): a fresh c10d store per rendezvous round, hosted by
+# rank 0, instead of one store shared across rounds, whose keys of an earlier round would need a prefix that every
+# node agrees on (each agent counts its restarts alone, so TORCHELASTIC_RESTART_COUNT differs across nodes).
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 EXCLUDE_HOSTS = "exclude_hosts.json"
 
 
@@ -84,7 +88,7 @@ def start_torchrun(nproc: int, args: list[str], run_dir: str, max_restarts: int 
     """Start this node's torchrun agent in a session of its own; its output is the Popen's stdout."""
     run_id = hashlib.sha256(contract.normalize_url(run_dir).encode()).hexdigest()[:12]
     cmd = torchrun_command(nproc, args, run_id, max_restarts, rdzv_port or free_port(), nnodes, rdzv_conf)
-    env = {**os.environ, **(env or {}),
+    env = {**os.environ, **TORCHRUN_ENV, **(env or {}),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -333,9 +337,15 @@ def take_run_lease(run_dir: str, *, wait_s: float = 0.0, timeout_s: float = LEAS
                    log: Callable[[str], None] = log.info) -> Lease:
     """The run folder's lease (tasks/lease.py) for one launcher, to be renewed within ``timeout_s``; another
     launcher holding it is a LaunchError naming it, at once or after waiting ``wait_s``."""
+    said: set[int] = set()
+
+    def on_wait(held: LeaseRecord) -> None:  # once per holder, not every poll
+        if held.epoch not in said:
+            said.add(held.epoch)
+            log(f"waiting for the run folder's lease: {held.describe()}")
+
     try:
-        return acquire(contract.normalize_url(run_dir), timeout_s=timeout_s, wait=wait_s,
-                       on_wait=lambda held: log(f"waiting for the run folder's lease: {held.describe()}"))
+        return acquire(contract.normalize_url(run_dir), timeout_s=timeout_s, wait=wait_s, on_wait=on_wait)
     except LeaseHeld as e:
         raise LaunchError(str(e)) from None
 

@@ -13,10 +13,14 @@ Why it kills silent local peers: a SIGSTOPped process keeps the agent's SIGTERM 
 torchrun 2.13 waits a fixed 30 s before its SIGKILL (seen here). Silent ranks on other hosts are
 left to their own agent and that grace period.
 
-Why ``init_process_group`` here: under torchrun every attempt's ranks share the agent's store,
-and restarted gloo ranks read the previous attempt's addresses from it ("connectFullMesh failed
-... Connection refused", or a hang connecting to a stopped rank's socket). A store namespace per
-attempt (restart count and world size) fixes that; it also carries the collective timeout.
+Why ``init_process_group`` here: it carries the collective timeout, and under torchrun's shared
+store (its default, ``TORCHELASTIC_USE_AGENT_STORE=True``) every attempt's ranks share one store, so
+restarted gloo ranks would read the previous attempt's addresses from it ("connectFullMesh failed
+... Connection refused", or a hang connecting to a stopped rank's socket). A namespace per attempt
+(restart count and world size) fixes that on one node only: each node's agent counts its restarts
+alone. smelt's own launches therefore turn the shared store off (``launch.TORCHRUN_ENV``: rank 0
+hosts a fresh store every rendezvous round) and take the plain path; the namespace serves a
+torchrun someone starts by hand on one node.
 """
 
 from __future__ import annotations
