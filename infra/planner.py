@@ -83,7 +83,10 @@ class PlanInputs:
                              f"--seq-len {self.seq_len}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
-        self.model_config()  # unknown preset, bad shape or missing vocabulary fail here, before the search
+        cfg = self.model_config()  # unknown preset, bad shape or missing vocabulary fail here, before the search
+        if self.smelt_trainer and self.seq_len > cfg.max_seq_len:  # the trainer refuses it (check_model_fits)
+            raise ValueError(f"--seq-len {self.seq_len} exceeds the model's max_seq_len {cfg.max_seq_len}; "
+                             "smelt's trainer refuses longer sequences; use a shorter --seq-len")
 
     def model_config(self) -> ModelConfig:
         return model_config(self.model, dict(self.model_sets), self.hf_config, self.vocab_size)

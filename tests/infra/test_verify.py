@@ -80,6 +80,14 @@ def test_the_verify_command_trains_the_layout_the_plan_prints():
     assert sets["data.global_batch"] == "2048" and sets["parallel.zero2"] in ("true", "false")
 
 
+def test_a_sequence_longer_than_the_model_takes_is_refused_as_the_trainer_refuses_it():
+    """Found by --verify: the plan of the 125M preset at the default 8,192 tokens could not be built (the
+    trainer's check_model_fits: max_seq_len 2,048)."""
+    with pytest.raises(ValueError, match="exceeds the model's max_seq_len 2048"):
+        PlanInputs(model="125m", gpus=16)
+    PlanInputs(model="125m", gpus=16, stack="torchtitan")  # another system's runs are scored as published
+
+
 @pytest.mark.slow
 def test_the_first_stage_under_tp_and_a_pipeline_holds_the_whole_vocabulary_gradient():
     """Found by the simulation: smelt's planner counted the embedding's gradient as sharded like its weight; the
@@ -103,7 +111,7 @@ def test_the_first_stage_under_tp_and_a_pipeline_holds_the_whole_vocabulary_grad
 
 @pytest.mark.slow
 def test_verify_builds_the_chosen_layout_in_a_process_of_its_own():
-    result = plan(PlanInputs(model="125m", tokens=1e9, gpus=16, budget=1e5, global_batch_tokens=2**17))
+    result = plan(PlanInputs(model="125m", tokens=1e9, gpus=16, budget=1e5, seq_len=2048, global_batch_tokens=2**17))
     (entry,) = verify(result, layouts=1)
     assert entry["layout"] == result.best.layout.name and entry["rank"] == 0
     assert "error" not in entry, entry
