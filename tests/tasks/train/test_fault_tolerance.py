@@ -232,3 +232,30 @@ def test_an_elastic_job_that_loses_a_node_finishes_on_the_other_with_the_same_gl
     assert (summary["steps"], summary["world_size"], summary["tokens"]) == (12, 1, 12 * 8 * 16)
     assert summary["batch"]["global_batch"] == 8 and summary["batch"]["local_batch"] == 8
     assert list_committed(str(tmp_path))[-1]["step"] == 12
+
+
+# -- fixed size: two agents, a rank of one lost --------------------------------------------------------------
+
+
+def test_a_rank_killed_on_one_of_two_nodes_restarts_both_and_ends_with_the_undisturbed_weights(corpus, reference, tmp_path):
+    """torchrun's restart across nodes: the agent that lost a rank counts a restart, the other one does not, and the
+    restarted ranks must still find each other (a fresh c10d store per rendezvous round, launch.TORCHRUN_ENV)."""
+    args = prepare_run({"main": corpus}, config("kill:rank=1,step=5"), str(tmp_path))
+    port = free_port()
+    lines: dict[str, list[str]] = {"A": [], "B": []}
+    agents = {}
+    try:
+        for name in ("A", "B"):
+            agents[name] = start_torchrun(1, args, str(tmp_path), 1, port, nnodes="2", rdzv_conf=RDZV_CONF)
+            threading.Thread(target=follow, args=(agents[name], lines[name]), daemon=True).start()
+            deadline = time.monotonic() + 60
+            while not listening(port):  # A hosts the rendezvous store
+                assert time.monotonic() < deadline, "the first agent never opened its rendezvous port"
+                time.sleep(0.2)
+        for name, agent in agents.items():
+            assert agent.wait(timeout=240) == 0, "\n".join(lines[name][-40:])
+    finally:
+        for agent in agents.values():
+            kill_tree(agent)
+    assert [g["world_size"] for g in starts(tmp_path)] == [2, 2]
+    assert_same_weights(tmp_path, reference)
