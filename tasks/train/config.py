@@ -208,6 +208,32 @@ class FaultConfig:
 
 
 @dataclass
+class ReplicaConfig:
+    """``[train.ft]``: ``parallel.dp_replicate`` fault-tolerant replica groups on torchft (tasks/train/replicas.py).
+    Off: the replicate dim is part of one job's mesh (HSDP). On: each group is a job of its own (FSDP/TP
+    inside), joined by torchft's Lighthouse and a Manager per group; a lost group drops out and the others
+    keep stepping at the same global batch, and it heals from a live peer when it is back."""
+
+    enabled: bool = False
+    min_replicas: int = 1  # groups a step needs to commit
+    heartbeat_timeout_ms: int = 1000  # the Lighthouse drops a group silent this long (a survivor's pause)
+    join_timeout_ms: int = 1000  # the Lighthouse waits this long for heartbeating groups to join a quorum
+    quorum_tick_ms: int = 100
+    timeout_s: float = 30.0  # collectives across groups, the commit vote and healing transfers
+    quorum_timeout_s: float = 60.0  # one quorum; a Lighthouse away longer than this fails the step's retries
+    quorum_retries: int = 20  # each group's manager server retries the Lighthouse this often in one quorum
+    lighthouse_port: int = 0  # 0: a free port on 127.0.0.1
+    max_group_restarts: int = 3  # restarts of each group by the local launcher
+
+    def __post_init__(self) -> None:
+        _require(self.min_replicas >= 1, f"ft.min_replicas must be at least 1, got {self.min_replicas}")
+        _require(min(self.heartbeat_timeout_ms, self.join_timeout_ms, self.quorum_tick_ms) > 0
+                 and min(self.timeout_s, self.quorum_timeout_s) > 0, "ft timeouts must be positive")
+        _require(min(self.lighthouse_port, self.max_group_restarts, self.quorum_retries) >= 0,
+                 "ft.lighthouse_port, ft.max_group_restarts and ft.quorum_retries must be >= 0")
+
+
+@dataclass
 class TrainConfig:
     model_preset: str = "tiny"
     model: ModelOverrides = field(default_factory=ModelOverrides)
@@ -221,6 +247,7 @@ class TrainConfig:
     loss_guard: LossGuardConfig = field(default_factory=LossGuardConfig)
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
+    ft: ReplicaConfig = field(default_factory=ReplicaConfig)  # fault-tolerant replica groups (torchft)
     seed: int = 0
     log_every: int = 1
     init_from: str = ""  # a Hugging Face Llama folder to start from (continued pretraining); its shape wins

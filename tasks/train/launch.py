@@ -416,7 +416,12 @@ def _launch_leased(data: dict[str, str], config: dict, run_dir: str, nproc: int,
     started = time.monotonic()
     goodput.append_event(run_dir, {"event": "launch", "time": time.time(), "host": socket.gethostname(),
                                    "code_version": code_version()})
-    if restart == "in-process" and nnodes == "1":
+    if config.get("ft", {}).get("enabled"):  # [train.ft]: torchft replica groups (tasks/train/replicas.py)
+        from tasks.train.replicas import run_replica_groups
+
+        returncode = run_replica_groups(from_dict(TrainConfig, config), data, args, run_dir, nproc,
+                                        timeout_s=timeout_s, env=env, stop=stop, log_line=log)
+    elif restart == "in-process" and nnodes == "1":
         check_not_excluded(run_dir, nnodes, log)
         returncode = run_agent(nproc, args, max_restarts, timeout_s=timeout_s, env=env, stop=stop, log_line=log)
     else:

@@ -1,0 +1,305 @@
+"""One fault-tolerant replica group (``[train.ft]``): a torchrun job of its own that steps with the other
+groups through torchft's Manager, at a fixed global batch, every sample exactly once.
+
+    torchrun ... -m tasks.train.replica_group --config URL --data URL --run-dir URL --replica-id N
+
+Each optimizer step (read ``ReplicaGroup.step`` top to bottom):
+
+1. **Quorum** (``Manager.start_quorum``, synchronous): the Lighthouse names the groups of this step; a
+   group that is behind (restarted) first heals — it fetches the model, optimizer and step from a live
+   peer — so every participant holds the same state and the same step number.
+2. **Its share of the global batch** (``batch_shares``): the step's global batch ``[step·B, (step+1)·B)``
+   is cut into micro-batches of ``M`` sequences, and participant ``r`` of ``n`` takes a contiguous run of
+   them. With a group away, the survivors take its micro-batches by accumulation: the batch never shrinks.
+3. **Gradients weighted by samples**: each micro-batch's loss is a token *sum* over the global batch's
+   token count, so the groups' gradients *sum* (not average) across groups to the fault-free per-token mean,
+   whatever share each processed; one flat all-reduce carries every gradient and the loss.
+4. **Commit vote** (``should_commit``): a step a failure interrupted (a peer lost mid all-reduce, a failed
+   heal or quorum) is discarded and retried with the next quorum; it consumes nothing, because the data
+   position is the committed step number (``step · B``), which is exactly what healing transfers.
+
+Rank 0 of the group writes ``<run>/replicas/group-<id>/metrics.jsonl``: one record per committed step with
+the whole assignment (``shares``: every participant's sample range) and what this group's loader read
+(``read``); ``replicas.merge_records`` turns the groups' records into the run's ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from tasks import datasets as contract
+from tasks.llama import Transformer
+from tasks.train import metrics as train_metrics
+from tasks.train.config import TrainConfig
+from tasks.train.cross_entropy import token_sum_cross_entropy
+from tasks.train.data import TokenLoader
+from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
+from tasks.train.parallel_dims import ParallelDims
+from tasks.train.parallelize import check_model_fits, materialize, parallelize_model
+
+log = logging.getLogger(__name__)
+
+REPLICA_ENV = "SMELT_REPLICA_ID"
+QUORUM_RETRY_S = 0.2  # between quorum attempts while the Lighthouse is away
+
+
+def group_dir(run_dir: str, replica_id: int) -> str:
+    return contract.join(contract.normalize_url(run_dir), "replicas", f"group-{replica_id}")
+
+
+def last_committed_step(run_dir: str, groups: int) -> int:
+    """The newest step any group recorded as committed (0 if none)."""
+    from tasks import jsonlog
+
+    return max((r["step"] for g in range(groups) for r in jsonlog.read(group_dir(run_dir, g), "metrics.jsonl")
+                if "step" in r), default=0)
+
+
+def micro_batch(global_batch: int, micro: int, groups: int) -> int:
+    """Sequences per micro-batch: ``data.micro_batch``, else the fault-free share of one group (no accumulation
+    while every group is there)."""
+    micro = micro or global_batch // groups
+    if micro < 1 or global_batch % micro or (global_batch // micro) < groups:
+        raise ValueError(f"data.global_batch ({global_batch}) must split into at least parallel.dp_replicate "
+                         f"({groups}) micro-batches of data.micro_batch ({micro}) sequences; change one of them")
+    return micro
+
+
+def batch_shares(step: int, global_batch: int, micro: int, participants: int) -> list[tuple[int, int]]:
+    """Sample range ``[start, end)`` of each participant (by participant rank) for optimizer step ``step``
+    (1-based): step s trains the global batch ``[(s-1)·B, s·B)``, its ``B / micro`` micro-batches dealt out
+    in contiguous runs as even as they can be. The ranges tile the global batch exactly once."""
+    n_micro = global_batch // micro
+    base = (step - 1) * global_batch
+    shares = []
+    for r in range(participants):
+        first, last = r * n_micro // participants, (r + 1) * n_micro // participants
+        shares.append((base + first * micro, base + last * micro))
+    return shares
+
+
+class ReplicaGroup:
+    """This rank of one replica group: the model (FSDP/TP inside the group), its loader and torchft's Manager."""
+
+    def __init__(self, cfg: TrainConfig, datasets: dict[str, str], run_dir: str, replica_id: int) -> None:
+        from torchft import Manager, ProcessGroupGloo
+
+        if cfg.parallel.pp > 1:
+            raise ValueError("[train.ft] replica groups do not run pipeline parallelism (parallel.pp = 1): "
+                             "torchft's commit vote and healing cover one model per group rank")
+        self.cfg, self.replica_id = cfg, replica_id
+        self.run_dir = contract.normalize_url(run_dir)
+        self.device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.watchdog.collective_timeout_s))
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(cfg.seed)
+
+        # The group's own mesh: the replicate dim is torchft's, across jobs.
+        self.dims = ParallelDims(pp=1, dp_replicate=1, dp_shard=cfg.parallel.dp_shard, tp=cfg.parallel.tp,
+                                 world_size=self.world_size)
+        self.dims.build_mesh(self.device.type)
+        data = cfg.data
+        self.micro = micro_batch(data.global_batch, data.micro_batch, cfg.parallel.dp_replicate)
+        # A loader whose "global batch" is one micro-batch: batch_at(start) is this rank's slice of the
+        # micro-batch starting at any global sample index.
+        self.loader = TokenLoader(datasets, dict(data.mixture) or None, split="train", seq_len=data.seq_len,
+                                  global_batch=self.micro, dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size,
+                                  seed=data.seed, prefetch=0)
+        self.global_tokens = data.global_batch * data.seq_len
+
+        with torch.device("meta"):
+            model = Transformer(cfg.model_for_data(self.loader.vocab_size))
+        check_model_fits(model, self.dims, data.seq_len, cfg.parallel.float8)
+        parallelize_model(model, self.dims, cfg.parallel, self.device.type)
+        materialize(model, self.device, cfg.seed)  # every group starts from the same weights
+        model.train()
+        self.model = model
+        self.params = list(model.parameters())
+        self.optimizers = Optimizers([model], cfg.optim, self.device.type)
+
+        ft = cfg.ft
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timedelta(seconds=ft.timeout_s)),
+            load_state_dict=self._load_state_dict, state_dict=self._state_dict,
+            min_replica_size=ft.min_replicas, use_async_quorum=False,  # heal before the forward pass
+            replica_id=f"smelt_{replica_id}", timeout=timedelta(seconds=ft.timeout_s),
+            quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=timedelta(seconds=ft.timeout_s),
+            heartbeat_interval=timedelta(milliseconds=max(10, ft.heartbeat_timeout_ms // 5)),
+            init_sync=False,  # materialize() gives every group the same weights
+            quorum_retries=ft.quorum_retries,
+        )
+        self.metrics = train_metrics.MetricsLogger(group_dir(self.run_dir, replica_id), enabled=self.rank == 0)
+        self.discarded = 0
+
+    # -- what healing moves --------------------------------------------------------------------------
+
+    def _state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optim": [o.state_dict() for o in self.optimizers.optimizers]}
+
+    def _load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        for opt, saved in zip(self.optimizers.optimizers, state["optim"]):
+            opt.load_state_dict(saved)
+        log.info("group %d healed from a peer at step %d", self.replica_id, self.manager.current_step())
+
+    # -- one step ------------------------------------------------------------------------------------------
+
+    def _quorum(self) -> None:
+        """The step's quorum; retried while the Lighthouse is away (restarted by the launcher), within
+        ``ft.quorum_timeout_s``. A failed quorum leaves its exception in the Manager's future, which the
+        next ``start_quorum`` would raise again: it is dropped here (torchft 0.2.0, manager.py)."""
+        deadline = time.monotonic() + self.cfg.ft.quorum_timeout_s
+        while True:
+            try:
+                self.manager.start_quorum()
+                return
+            except Exception as e:  # noqa: BLE001 - the Lighthouse or a peer's manager unreachable
+                self.manager._quorum_future = None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no quorum within ft.quorum_timeout_s ({self.cfg.ft.quorum_timeout_s} s): "
+                                       f"{e}") from e
+                log.warning("group %d: quorum failed (%s); retrying", self.replica_id, str(e).splitlines()[0])
+                time.sleep(QUORUM_RETRY_S)
+
+    def _context(self) -> contextlib.AbstractContextManager:
+        return loss_parallel() if self.dims.tp_enabled else contextlib.nullcontext()
+
+    def step(self) -> dict | None:
+        """Try the next optimizer step; its record if the group committed it, None if it was discarded."""
+        start = time.perf_counter()
+        self._quorum()
+        step = self.manager.current_step() + 1  # after healing: the peers' step
+        if step > self.cfg.steps:  # healed from a peer that has finished the run
+            return None
+        participants, rank = self.manager.num_participants(), self.manager.participating_rank()
+        shares = batch_shares(step, self.cfg.data.global_batch, self.micro, participants)
+        mine = shares[rank] if rank is not None else (0, 0)
+
+        lr = lr_at(step, self.cfg.optim, self.cfg.steps)
+        self.optimizers.set_lr(lr)
+        self.optimizers.zero_grad()
+        # token sum × (ranks averaging it in FSDP) / the global batch's tokens: groups' gradients then *sum*
+        scale = self.dims.dp_size / self.global_tokens
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        with self._context():
+            for first in range(mine[0], mine[1], self.micro):
+                inputs, targets = self.loader.batch_at(first)
+                loss = token_sum_cross_entropy(self.model(inputs), targets)
+                (loss * scale).backward()
+                local = loss.full_tensor() if isinstance(loss, DTensor) else loss
+                loss_sum += local.detach().double()
+        if self.dims.dp_size > 1:  # the group's token sum: each dp rank summed its own rows
+            dist.all_reduce(loss_sum)
+        loss = self._allreduce(loss_sum)
+        grad_norm = clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
+        if not self.manager.should_commit():
+            # Rebuild the replica process group at the next quorum. torchft 0.2.0 skips it when the quorum id
+            # is unchanged, but keeps the id of a configure that failed, and a restarted Lighthouse counts ids
+            # from 1 again: without this, groups disagree on whether to reconfigure and wait out ft.timeout_s
+            # on each other at every step.
+            self.manager._quorum_id = -1
+            self.discarded += 1
+            log.warning("group %d: step %d discarded (commit vote failed); retrying it", self.replica_id, step)
+            return None
+        self.optimizers.step()
+        elapsed = time.perf_counter() - start
+        return {"step": step, "loss": loss, "grad_norm": grad_norm.item(), "lr": lr, "replica": self.replica_id,
+                "participants": participants, "participant_rank": rank, "shares": [list(s) for s in shares],
+                "read": list(mine), "samples": [shares[0][0], shares[-1][1]],
+                "tokens": step * self.global_tokens, "step_time_s": elapsed, "time": time.time(),
+                "discarded_before": self.discarded}
+
+    def _allreduce(self, loss_sum: torch.Tensor) -> float:
+        """Sum every gradient and the loss across the quorum's groups in one flat all-reduce; the global
+        batch's mean per-token loss. A failure leaves garbage here, which the commit vote then discards."""
+        grads = []
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            g = p.grad
+            grads.append(g._local_tensor if isinstance(g, DTensor) else g)
+        flat = torch.cat([g.reshape(-1).to(torch.float64) for g in grads] + [loss_sum.reshape(1)])
+        from torch.distributed import ReduceOp
+
+        self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()
+        return float(flat[-1]) / self.global_tokens
+
+    def _check_not_alone_in_a_started_run(self, record: dict | None) -> bool:
+        """After the first quorum: a group with no peer to heal from, in a run whose groups already committed
+        steps, must not start the run over. True if the run is already finished (exit cleanly); raises if every
+        group was lost mid-run (the in-memory snapshots of the snapshot issue are not wired to replica groups)."""
+        done = last_committed_step(self.run_dir, self.cfg.parallel.dp_replicate)
+        if self.manager.current_step() > (1 if record else 0) or not done:
+            return False
+        if done >= self.cfg.steps:
+            log.info("group %d: the run finished (step %d) while this group was away", self.replica_id, done)
+            return True
+        raise RuntimeError(f"every replica group was lost: the run committed step {done} but no live group is "
+                           "left to heal from; resume the run from its storage checkpoint")
+
+    def train(self) -> int:
+        """Step until the run's last step is committed; returns the steps this group committed."""
+        committed, first = 0, True
+        while self.manager.current_step() < self.cfg.steps:
+            record = self.step()
+            if first:
+                first = False
+                if self._check_not_alone_in_a_started_run(record):
+                    return 0
+            if record is None:
+                continue
+            committed += 1
+            self.metrics.log(record)
+            if self.rank == 0:
+                log.info("group %d step %d/%d loss %.5f participants %d read %s", self.replica_id, record["step"],
+                         self.cfg.steps, record["loss"], record["participants"], record["read"])
+        return committed
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.loader.close()
+        self.manager.shutdown(wait=False)
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tasks.config import load
+    from tasks.train.config import parse_data
+
+    parser = argparse.ArgumentParser(prog="python -m tasks.train.replica_group", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--data", action="append", required=True)
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--replica-id", type=int, default=int(os.environ.get(REPLICA_ENV, 0)))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if int(os.environ.get("RANK", 0)) == 0 else logging.WARNING,
+                        format=f"%(asctime)s [group{args.replica_id}] %(name)s %(levelname)s: %(message)s",
+                        stream=sys.stderr)
+    cfg = load(TrainConfig, args.config, [], section="train")
+    group = ReplicaGroup(cfg, parse_data(args.data), args.run_dir, args.replica_id)
+    try:
+        committed = group.train()
+    finally:
+        group.close()
+    print(json.dumps({"replica": args.replica_id, "committed": committed}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""Start and supervise fault-tolerant replica groups on 127.0.0.1 (``[train.ft]``, torchft 0.2.0): torchft's
+Lighthouse, and ``parallel.dp_replicate`` groups, each a torchrun job of ``nproc / dp_replicate`` ranks running
+``tasks.train.replica_group`` (FSDP and TP inside a group; no PP: see replica_group.py).
+
+What torchft leaves to smelt, and where it is covered:
+
+- **A lost group** is restarted here (``ft.max_group_restarts``); it heals from a live peer inside its Manager
+  (torchft's HTTP checkpoint transport) while the others keep stepping without it.
+- **The Lighthouse is a single point of failure in torchft**: it holds no state a step needs beyond the
+  current quorum, so the supervisor restarts it on the same port as soon as it exits, and each group retries
+  its quorum (``ReplicaGroup._quorum``) until the new one answers. Steps in flight when it died are
+  discarded by the commit vote and retried: no committed step is lost.
+- **A fixed global batch, every sample exactly once**: replica_group.py; ``merge_records`` proves it per step
+  from the groups' own records and writes the run's ``metrics.jsonl`` (one record per committed step, with
+  ``samples`` for tasks/trace's ledger and each participant's ``shares``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks import datasets as contract
+from tasks import jsonlog
+from tasks.train.config import ReplicaConfig, TrainConfig
+from tasks.train.replica_group import REPLICA_ENV, group_dir
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+POLL_S = 0.05  # the supervisor's round: how soon a dead Lighthouse or group is restarted
+
+
+class ReplicaError(RuntimeError):
+    """The replica groups cannot go on (a group out of restarts, records that break exactly-once)."""
+
+
+def lighthouse_binary() -> str:
+    """torchft's Lighthouse binary: beside this interpreter (the venv's bin/), else on PATH."""
+    here = Path(sys.executable).parent / "torchft_lighthouse"
+    found = str(here) if here.exists() else shutil.which("torchft_lighthouse")
+    if not found:
+        raise ReplicaError("torchft_lighthouse is not installed; pip install -c constraints.txt torchft==0.2.0")
+    return found
+
+
+def _free_port() -> int:
+    from tasks.train.launch import free_port
+
+    return free_port()
+
+
+class Lighthouse:
+    """torchft's Lighthouse on 127.0.0.1:``port``, restarted on the same port whenever it exits (``poll``)."""
+
+    def __init__(self, ft: ReplicaConfig, port: int = 0, log_line: Callable[[str], None] = log.info) -> None:
+        self.ft, self.port, self.log_line = ft, port or ft.lighthouse_port or _free_port(), log_line
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        ft = self.ft
+        cmd = [lighthouse_binary(), "--bind", f"127.0.0.1:{self.port}", "--min_replicas", str(ft.min_replicas),
+               "--join_timeout_ms", str(ft.join_timeout_ms), "--quorum_tick_ms", str(ft.quorum_tick_ms),
+               "--heartbeat_timeout_ms", str(ft.heartbeat_timeout_ms)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def poll(self) -> bool:
+        """Restart a Lighthouse that exited; True if it did."""
+        if self.proc is None or self.proc.poll() is None:
+            return False
+        self.restarts += 1
+        self.log_line(f"replicas: the Lighthouse exited ({self.proc.returncode}); restarting it on port {self.port} "
+                      f"(restart {self.restarts})")
+        self.start()
+        return True
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@dataclass
+class Group:
+    replica_id: int
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    done: bool = False
+    starts: list[float] = field(default_factory=list)
+
+
+def group_command(nproc: int, args: list[str], replica_id: int, run_dir: str) -> tuple[list[str], dict[str, str]]:
+    """One group's command and its extra environment: a torchrun agent (its own c10d rendezvous on a free port,
+    no torchrun restarts: the supervisor restarts the group, which then heals from a peer); a one-rank group
+    runs its rank directly, which saves the agent's start (a second interpreter importing torch)."""
+    entry = ["-m", "tasks.train.replica_group", *args, "--replica-id", str(replica_id)]
+    if nproc == 1:
+        env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        return [sys.executable, *entry], env
+    run_id = hashlib.sha256(f"{contract.normalize_url(run_dir)}#{replica_id}".encode()).hexdigest()[:12]
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", run_id,
+            "--max-restarts", "0", *entry], {}
+
+
+class ReplicaGroups:
+    """The Lighthouse and every group of one run on this host, supervised by ``poll`` (one round) or ``run``."""
+
+    def __init__(self, cfg: TrainConfig, args: list[str], run_dir: str, nproc: int, *,
+                 env: dict[str, str] | None = None, log_line: Callable[[str], None] = log.info) -> None:
+        groups = cfg.parallel.dp_replicate
+        if nproc % groups:
+            raise ValueError(f"launch.nproc ({nproc}) must be a multiple of parallel.dp_replicate ({groups}): "
+                             "each replica group gets the same number of ranks")
+        self.cfg, self.args, self.run_dir = cfg, args, contract.normalize_url(run_dir)
+        self.group_nproc, self.log_line = nproc // groups, log_line
+        self.lighthouse = Lighthouse(cfg.ft, log_line=log_line)
+        self.groups = [Group(i) for i in range(groups)]
+        self.env = {**os.environ, **(env or {}), "TORCHFT_LIGHTHOUSE": self.lighthouse.address,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        self._readers: list[threading.Thread] = []
+
+    def start(self) -> "ReplicaGroups":
+        self.lighthouse.start()
+        for group in self.groups:
+            self._start_group(group)
+        return self
+
+    def _start_group(self, group: Group) -> None:
+        cmd, extra = group_command(self.group_nproc, self.args, group.replica_id, self.run_dir)
+        env = {**self.env, **extra, REPLICA_ENV: str(group.replica_id)}
+        group.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, bufsize=1, start_new_session=True)
+        group.starts.append(time.time())
+        reader = threading.Thread(target=self._forward, args=(group.proc,), daemon=True)
+        reader.start()
+        self._readers.append(reader)
+
+    def _forward(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.log_line(line.rstrip())
+
+    def poll(self) -> int | None:
+        """One supervision round: restart the Lighthouse or a failed group; the job's exit status once every
+        group finished (0) or one ran out of restarts (its status), else None."""
+        self.lighthouse.poll()
+        finished = any(g.done for g in self.groups)
+        for group in self.groups:
+            if group.done or group.proc is None or (code := group.proc.poll()) is None:
+                continue
+            if code == 0 or finished:  # a group that fails after the run's last step has nothing left to do
+                group.done = True
+                finished = True
+                continue
+            if group.restarts >= self.cfg.ft.max_group_restarts:
+                self.log_line(f"replicas: group {group.replica_id} exited with {code}, out of restarts "
+                              f"({self.cfg.ft.max_group_restarts}); stopping the job")
+                return code
+            group.restarts += 1
+            self.log_line(f"replicas: group {group.replica_id} exited with {code}; restarting it "
+                          f"(restart {group.restarts}); it heals from a live peer")
+            self._start_group(group)
+        return 0 if all(g.done for g in self.groups) else None
+
+    def run(self, *, timeout_s: float | None = None, stop: threading.Event | None = None) -> int:
+        """Supervise until every group is done, one is out of restarts, ``stop`` is set or the timeout passes
+        (then every process is stopped and this raises ReplicaError)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while (status := self.poll()) is None:
+                if stop is not None and stop.is_set():
+                    return 1
+                if deadline is not None and time.monotonic() > deadline:
+                    raise ReplicaError(f"replica groups of {self.run_dir} ran past their {timeout_s:.0f} s timeout")
+                time.sleep(POLL_S)
+            return status
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop every group's process tree and the Lighthouse (nothing outlives the supervisor)."""
+        from tasks.train.launch import _stop_tree
+
+        for group in self.groups:
+            if group.proc is not None:
+                if group.proc.poll() is None:
+                    _stop_tree(group.proc)
+                else:  # torchrun gone: its ranks sit in sessions of their own
+                    _kill_session(group.proc.pid)
+        self.lighthouse.stop()
+        for reader in self._readers:
+            reader.join(timeout=5)
+
+    def kill_group(self, replica_id: int) -> None:
+        """SIGKILL a whole group (its torchrun agent and ranks): a lost host, for tests and bench/chaos.py."""
+        import psutil
+
+        proc = self.groups[replica_id].proc
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for p in tree:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+
+
+def _kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- the run's record --------------------------------------------------------------------------------------
+
+
+def group_records(run_dir: str, replica_id: int) -> list[dict]:
+    return [r for r in jsonlog.read(group_dir(run_dir, replica_id), "metrics.jsonl") if "step" in r]
+
+
+def merge_records(run_dir: str, groups: int, global_batch: int, *, write: bool = True) -> dict:
+    """Check every committed step against the exactly-once contract and write the run's ``metrics.jsonl``.
+
+    For each step any group committed: every group that committed it agrees on its loss and assignment
+    (``shares``), the shares tile the step's global batch ``[(s-1)·B, s·B)`` exactly once, and what each group's
+    loader read is its own share. Steps 1..last must all be committed. Returns {steps, last_step, problems,
+    pauses (per group: the longest gap between its committed steps, and its median step time)}; writes only
+    when there is no problem, one record per step with ``samples`` (tasks/trace's ledger) and ``shares``."""
+    by_step: dict[int, list[dict]] = {}
+    pauses = {}
+    for g in range(groups):
+        records = group_records(run_dir, g)
+        for r in records:
+            by_step.setdefault(r["step"], []).append(r)
+        times = [r["time"] for r in records]
+        step_times = sorted(r["step_time_s"] for r in records[1:]) or [0.0]
+        pauses[g] = {"longest_gap_s": max((b - a for a, b in zip(times, times[1:])), default=0.0),
+                     "median_step_s": step_times[len(step_times) // 2], "committed": len(records)}
+    problems: list[str] = []
+    last = max(by_step, default=0)
+    merged = []
+    for step in range(1, last + 1):
+        records = by_step.get(step)
+        if not records:
+            problems.append(f"step {step}: no group committed it")
+            continue
+        first = records[0]
+        for r in records[1:]:
+            if r["shares"] != first["shares"] or abs(r["loss"] - first["loss"]) > 1e-12 * max(1.0, abs(first["loss"])):
+                problems.append(f"step {step}: groups {first['replica']} and {r['replica']} disagree")
+        for r in records:
+            if r["read"] != r["shares"][r["participant_rank"]]:
+                problems.append(f"step {step}: group {r['replica']} read {r['read']}, not its share")
+        covered = sorted(tuple(s) for s in first["shares"] if s[1] > s[0])
+        expect, ok = (step - 1) * global_batch, True
+        for a, b in covered:
+            ok &= a == expect
+            expect = b
+        if not ok or expect != step * global_batch:
+            problems.append(f"step {step}: shares {first['shares']} do not tile [{(step - 1) * global_batch}, "
+                            f"{step * global_batch}) exactly once")
+        # "group": 0: the groups are one job to tasks/trace's final trajectory (records without one are skipped)
+        merged.append({"step": step, "group": 0, "loss": first["loss"], "samples": [(step - 1) * global_batch, step * global_batch],
+                       "shares": first["shares"], "participants": first["participants"],
+                       "groups": sorted(r["replica"] for r in records), "grad_norm": first["grad_norm"],
+                       "lr": first["lr"], "tokens": first["tokens"], "time": min(r["time"] for r in records),
+                       "step_time_s": max(r["step_time_s"] for r in records)})
+    if write and not problems:
+        with contract.atomic_write(contract.join(contract.normalize_url(run_dir), "metrics.jsonl"), "w") as f:
+            f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in merged))
+    return {"steps": len(merged), "last_step": last, "problems": problems, "pauses": pauses,
+            "final_loss": merged[-1]["loss"] if merged else None}
+
+
+def write_lineage(run_dir: str, cfg: TrainConfig, data: dict[str, str]) -> None:
+    """``lineage.json`` for tasks/trace: the loader's order at the run's global batch."""
+    from tasks.train.data import TokenLoader
+    from tasks.train.sample_losses import LINEAGE
+
+    with TokenLoader(data, dict(cfg.data.mixture) or None, split="train", seq_len=cfg.data.seq_len,
+                     global_batch=cfg.data.global_batch, dp_rank=0, dp_size=1, seed=cfg.data.seed,
+                     prefetch=0) as loader:
+        order = loader.order()
+    with contract.atomic_write(contract.join(contract.normalize_url(run_dir), LINEAGE), "w") as f:
+        f.write(json.dumps(order, indent=2, sort_keys=True))
+
+
+def run_replica_groups(cfg: TrainConfig, data: dict[str, str], args: list[str], run_dir: str, nproc: int, *,
+                       timeout_s: float | None = None, env: dict[str, str] | None = None,
+                       stop: threading.Event | None = None, log_line: Callable[[str], None] = log.info) -> int:
+    """launch.py's hook for ``[train.ft]``: run the groups to the end, then check and write the run's record
+    and ``summary.json``; the exit status."""
+    write_lineage(run_dir, cfg, data)
+    supervisor = ReplicaGroups(cfg, args, run_dir, nproc, env=env, log_line=log_line).start()
+    status = supervisor.run(timeout_s=timeout_s, stop=stop)
+    if status != 0:
+        return status
+    merged = merge_records(run_dir, cfg.parallel.dp_replicate, cfg.data.global_batch)
+    if merged["problems"]:
+        raise ReplicaError(f"replica groups broke exactly-once: {'; '.join(merged['problems'][:3])}")
+    summary = {"steps": merged["last_step"], "last_loss": merged["final_loss"], "restarts": sum(
+        g.restarts for g in supervisor.groups), "lighthouse_restarts": supervisor.lighthouse.restarts,
+        "replica_groups": cfg.parallel.dp_replicate, "pauses": merged["pauses"]}
+    with contract.atomic_write(contract.join(contract.normalize_url(run_dir), "summary.json"), "w") as f:
+        f.write(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
