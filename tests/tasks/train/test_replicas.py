@@ -155,3 +155,13 @@ def test_the_lighthouse_killed_and_restarted_mid_run_loses_no_step(corpus, refer
     assert all(g.restarts == 0 for g in supervisor.groups)  # nobody restarted: the groups waited it out
     assert_every_sample_once(run_dir)
     assert merged["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_launch_training_with_train_ft_runs_the_groups_and_returns_the_runs_summary(corpus, tmp_path):
+    from tasks.train.launch import launch_training
+
+    result = launch_training(data={"main": corpus}, config=replica_config(steps=4), run_dir=str(tmp_path / "run"),
+                             nproc=2, timeout_s=WAIT_S, log=lambda line: None)
+    assert result["returncode"] == 0 and result["summary"]["steps"] == 4 and result["summary"]["replica_groups"] == 2
+    assert ledger(open_run(str(tmp_path / "run")))["exactly_once"]
