@@ -54,16 +54,14 @@ class CheckpointPublisher:
     the flow run, which starts a new publisher on the same run folder, never republishes a commit.
     """
 
-    def __init__(self, run_dir: str, run_name: str, root: str, as_of: int | None = None):
+    def __init__(self, run_dir: str, run_name: str, root: str):
         self.run_dir, self.run_name, self.root = run_dir, run_name, root
-        self.as_of = as_of  # the lease epoch of the launch it follows: that launch's view of the commits
         self.marker = datasets.join(run_dir, PUBLISHED)
         fs, path = datasets.filesystem(self.marker)
         self.published: set[int] = set(json.loads(fs.cat_file(path))) if fs.exists(path) else set()
 
     def poll(self) -> None:
-        new = [c for c in list_committed(self.run_dir, checksums=False, as_of=self.as_of)
-               if c["step"] not in self.published]
+        new = [c for c in list_committed(self.run_dir, checksums=False) if c["step"] not in self.published]
         for ckpt in new:
             create_link_artifact(
                 key=artifact_key(f"smelt-checkpoint-{self.run_name}"),
@@ -154,7 +152,7 @@ def _train_leased(sources: dict[str, str], root: str, cfg: TrainConfig, config: 
                   fp: str, manifests: dict, lease: Lease) -> dict:
     """``train_task`` once it holds the run folder's lease."""
     logger = get_run_logger()
-    finished = finished_run(url, as_of=lease.epoch)  # None also when its final checkpoint fails verification: resume and rewrite it
+    finished = finished_run(url)  # None also when its final checkpoint fails verification: resume and rewrite it
     if finished is not None and finished.fingerprint != fp:
         raise datasets.DatasetError(f"{url} holds run {finished.fingerprint}, not {fp}: the model, data, batch "
                                     "contract or seed differ; choose another run folder")
@@ -167,7 +165,7 @@ def _train_leased(sources: dict[str, str], root: str, cfg: TrainConfig, config: 
     if finished is not None:  # launch_training (prepare_run) unfinishes it and records what changed
         logger.info(f"train: run {url} finished at step {finished.meta['step']}; continuing to step {cfg.steps}")
 
-    publisher = CheckpointPublisher(url, fp, datasets.normalize_url(root), as_of=lease.epoch)
+    publisher = CheckpointPublisher(url, fp, datasets.normalize_url(root))
     stop = threading.Event()
     # The follower runs in a copy of this task's context so its artifacts and events belong to the task run.
     follower = threading.Thread(target=contextvars.copy_context().run, args=(publisher.follow, stop), daemon=True)
@@ -185,7 +183,7 @@ def _train_leased(sources: dict[str, str], root: str, cfg: TrainConfig, config: 
         publisher.poll()
         publish_run_reports(url, fp)
         summary = result["summary"]
-        committed = list_committed(url, as_of=lease.epoch)
+        committed = list_committed(url)
         if not committed:
             raise RuntimeError(f"training finished but {url} holds no committed checkpoint")
         final = committed[-1]

@@ -266,7 +266,7 @@ def resolve(url: str) -> str:
     return step
 
 
-def finished_run(run_dir_url: str, *, as_of: int | None = None) -> datasets.Manifest | None:
+def finished_run(run_dir_url: str) -> datasets.Manifest | None:
     """The finished run's manifest if the checkpoint it names verifies; None if the run must (re)train.
 
     A finished run whose final checkpoint was truncated or altered is logged and reported unfinished:
@@ -275,7 +275,7 @@ def finished_run(run_dir_url: str, *, as_of: int | None = None) -> datasets.Mani
     manifest = datasets.read_manifest(run_dir_url)
     if manifest is None or "checkpoint" not in manifest.meta:
         return manifest
-    problems = verify_checkpoint(named_checkpoint(manifest), as_of=as_of)
+    problems = verify_checkpoint(named_checkpoint(manifest))
     if problems:
         log.warning("finished run %s names a bad checkpoint (%s); training again from the newest good one",
                     manifest.meta["url"], "; ".join(problems))
@@ -306,12 +306,11 @@ def is_committed(url: str) -> bool:
 # Verification
 
 
-def checkpoint_problems(url: str, part: int = 0, parts: int = 1, checksums: bool = True,
-                        as_of: int | None = None) -> list[str]:
+def checkpoint_problems(url: str, part: int = 0, parts: int = 1, checksums: bool = True) -> list[str]:
     """Problems of one checkpoint; files are split ``part`` of ``parts`` so ranks share the hashing.
 
     A commit that a later lease epoch superseded (a stale trainer's, tasks/lease.py) is a problem too,
-    judged by part 0 ``as_of`` the reader's own epoch (None: a reader outside the run)."""
+    judged by part 0."""
     url = datasets.normalize_url(url)
     try:
         manifest = datasets.read_manifest(url)
@@ -326,7 +325,7 @@ def checkpoint_problems(url: str, part: int = 0, parts: int = 1, checksums: bool
     problems = []
     epoch = manifest.meta.get(EPOCH_KEY)
     if part == 0 and epoch is not None and (step := step_of(url)) is not None:
-        if (why := commit_superseded(run_dir_of(url), epoch, step, as_of=as_of)) is not None:
+        if (why := commit_superseded(run_dir_of(url), epoch, step)) is not None:
             problems.append(f"{url}: superseded ({why})")
     for shard in manifest.shards[part::parts]:
         fs, path = datasets.filesystem(datasets.join(url, shard.name))
@@ -339,12 +338,12 @@ def checkpoint_problems(url: str, part: int = 0, parts: int = 1, checksums: bool
     return problems
 
 
-def verify_checkpoint(step_url: str, *, checksums: bool = True, as_of: int | None = None) -> list[str]:
+def verify_checkpoint(step_url: str, *, checksums: bool = True) -> list[str]:
     """Problems found in one ``step-NNNNNNNN`` checkpoint (empty: committed and intact).
 
     ``checksums=False`` checks the manifest, file presence and sizes only: cheap enough to poll.
     """
-    return checkpoint_problems(step_url, checksums=checksums, as_of=as_of)
+    return checkpoint_problems(step_url, checksums=checksums)
 
 
 def _summary(step: int, url: str, meta: Mapping[str, Any], fingerprint: str) -> dict[str, Any]:
@@ -358,17 +357,15 @@ def _summary(step: int, url: str, meta: Mapping[str, Any], fingerprint: str) -> 
     }
 
 
-def list_committed(run_dir_url: str, *, checksums: bool = True, as_of: int | None = None) -> list[dict[str, Any]]:
+def list_committed(run_dir_url: str, *, checksums: bool = True) -> list[dict[str, Any]]:
     """Verified checkpoints of a run, newest last: ``{step, url, tokens, loss, world_size, config_fingerprint}``.
 
     Bad checkpoints are logged and left out. With ``checksums`` (default) every file is hashed;
-    pollers may pass False to check presence and sizes only. ``as_of``: the lease epoch of a caller that
-    holds the run folder (tasks/lease.py), to which older epochs' commits count until it adopts a step;
-    readers outside the run leave it None, and skip those commits while a new epoch has not adopted yet.
+    pollers may pass False to check presence and sizes only.
     """
     out = []
     for step, url in step_dirs(run_dir_url).items():
-        problems = verify_checkpoint(url, checksums=checksums, as_of=as_of)
+        problems = verify_checkpoint(url, checksums=checksums)
         if problems:
             log.warning("checkpoint %s skipped: %s", url, "; ".join(problems))
             continue

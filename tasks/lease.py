@@ -73,9 +73,9 @@ itself, use it:
   first commit (a write-once object of its own, ``lease/epoch-N.adopted.json``, so a trainer rank
   can write it while the launcher renews the lease). A commit of an older epoch counts only up to
   the step its first adopting successor continues from: a late write beyond it is ignored by
-  every reader, so the run's checkpoints stay one trajectory. While the newest epoch is live and
-  has not adopted yet, older epochs' commits are pending for readers (``as_of=`` lets that epoch
-  read them to choose); an epoch that ended without adopting wrote nothing and is skipped.
+  every reader, so the run's checkpoints stay one trajectory. Until the new epoch adopts, older
+  epochs' commits count (they are checkpoints of this run, and the new epoch may continue from
+  them); an epoch that ended without adopting wrote nothing and is skipped.
 
 Clocks: a lease expires when ``renewed_at + timeout_s`` (the holder's clock) is behind the would-be
 taker's clock, so clocks must agree to well under ``timeout_s`` (NTP gives milliseconds; use tens
@@ -91,8 +91,7 @@ Where it is used:
   and deletions check and stamp it; snapshots carry it; the first restore ``adopt``s its step. A
   fenced trainer exits with status 3 and the sentence.
 - readers: ``tasks/checkpoints.checkpoint_problems`` reports a superseded commit as a problem, so
-  ``list_committed``, ``resolve``, ``finished_run``, eval and export skip it; the holder reads
-  ``as_of`` its own epoch.
+  ``list_committed``, ``resolve``, ``finished_run``, eval and export skip it.
 - data stages (``flows/common.reuse_or_run``): the output folder's lease makes concurrent runs compute
   a stage once; the others wait for it and reuse the manifest.
 """
@@ -761,13 +760,13 @@ class Fence:
         return record if self.epoch is None else {**record, EPOCH_KEY: self.epoch}
 
     def counts(self, epoch: int | None, step: int) -> bool:
-        """Whether a commit stamped ``(epoch, step)`` is part of the run as this writer continues it
-        (``commit_superseded`` as of this epoch); unstamped commits always count."""
+        """Whether a commit stamped ``(epoch, step)`` is part of the run (``commit_superseded``);
+        unstamped commits always count."""
         if epoch is None or self.epoch is None or int(epoch) >= self.epoch:
             return True
         key = (int(epoch), int(step))
         if key not in self._verdicts:
-            why = commit_superseded(self.run_dir, key[0], key[1], as_of=self.epoch)
+            why = commit_superseded(self.run_dir, key[0], key[1])
             if why is not None:
                 log.warning("ignored: %s", why)
             self._verdicts[key] = why is None
@@ -804,25 +803,20 @@ def adopt(run_dir: str, epoch: int, step: int) -> int:
     return int(step)
 
 
-def commit_superseded(run_dir: str, epoch: int, step: int, as_of: int | None = None) -> str | None:
+def commit_superseded(run_dir: str, epoch: int, step: int) -> str | None:
     """Why a commit stamped ``(epoch, step)`` no longer counts, or None if it does.
 
-    It counts while ``epoch`` is the newest, and afterwards up to the step the first later epoch
-    that adopted one (``adopt``) continues from; later epochs that ended without adopting wrote
-    nothing and are skipped. For readers (``as_of=None``) an older commit is pending, so not
-    counted, while the newest epoch is live and has not adopted yet. The epoch choosing what to
-    adopt passes ``as_of=<its epoch>``: its own adoption, not yet made, is then no reason to wait."""
+    It counts while no later epoch has adopted a step (``adopt``), and afterwards up to the step the
+    first later epoch that adopted one continues from; later epochs that ended without adopting wrote
+    nothing and are skipped."""
     store, url = _store(run_dir)
     later = int(epoch) + 1
-    while (as_of is None or later <= as_of) and (record := _read(store, later)) is not None:
+    while _read(store, later) is not None:
         adopted = adopted_step(url, later)
         if adopted is not None:
             if step <= adopted:
                 return None
             return (f"step {step} of epoch {epoch} in {url} was committed after epoch {later} took the run over "
                     f"and continued from step {adopted}")
-        if as_of is None and record.live() and _read(store, later + 1) is None:
-            return (f"epoch {later} took {url} over and has not yet said which step it continues from "
-                    f"({record.describe()})")
         later += 1
     return None

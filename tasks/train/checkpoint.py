@@ -525,7 +525,7 @@ class CheckpointManager:
         self._last_step, self._last_time = step, time.monotonic()
 
     def _good(self, url: str) -> bool:
-        problems = checkpoint_problems(url, self.rank, self.world_size, as_of=self.fence.epoch)
+        problems = checkpoint_problems(url, self.rank, self.world_size)
         if self._distributed and self.world_size > 1:
             gathered: list = [None] * self.world_size
             dist.all_gather_object(gathered, problems, group=self._group)

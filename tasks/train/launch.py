@@ -52,7 +52,12 @@ EXCLUDE_HOSTS = "exclude_hosts.json"
 
 
 class LaunchError(RuntimeError):
-    """torchrun failed or timed out; the message says which and where the run's log is."""
+    """torchrun failed or timed out; the message says which and where the run's log is. ``permanent``:
+    a retry cannot help (tasks/errors.py), e.g. the run folder is another launch's."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 def free_port() -> int:
@@ -225,23 +230,22 @@ def code_version() -> str:
 
 
 def prepare_run(data: dict[str, str], config: dict, run_dir: str, *, write: bool = True,
-                log_line: Callable[[str], None] = log.info, lease_epoch: int | None = None) -> list[str]:
+                log_line: Callable[[str], None] = log.info) -> list[str]:
     """Write ``<run_dir>/train_config.json`` (the run folder records what ran, and restarted ranks reread
     it); returns the ``tasks.train.main`` arguments that train it on ``data`` (name → tokens URL).
     A folder that already holds a run continues it (``continue_run``). ``write=False``: only the
-    arguments (a dry run). ``lease_epoch``: the launcher's lease (tasks/lease.py), as of which it reads."""
+    arguments (a dry run)."""
     run_dir = contract.normalize_url(run_dir)
     config_url = contract.join(run_dir, CONFIG)
     if write:
-        continue_run(run_dir, config, log_line, lease_epoch)
+        continue_run(run_dir, config, log_line)
         with contract.atomic_write(config_url, "w") as f:
             f.write(json.dumps(config, indent=2, sort_keys=True))
     data_args = [arg for name, url in data.items() for arg in ("--data", f"{name}={url}")]
     return ["--config", config_url, *data_args, "--run-dir", run_dir]
 
 
-def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = log.info,
-                 lease_epoch: int | None = None) -> None:
+def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = log.info) -> None:
     """Before a launch into a folder that already holds a run (its ``train_config.json``): say that the
     run continues and what changed, and record it in ``events.jsonl``.
 
@@ -267,7 +271,7 @@ def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = l
     previous = json.loads(fs.cat_file(path))
     now = time.time()
     steps = from_dict(TrainConfig, config).steps
-    committed = list_committed(run_dir, checksums=False, as_of=lease_epoch)
+    committed = list_committed(run_dir, checksums=False)
     checkpoint_step = committed[-1]["step"] if committed else None
     finished = contract.read_manifest(run_dir)
     if finished is not None and finished.kind == RUN_KIND and int(finished.meta.get("step", 0)) < steps:
@@ -347,7 +351,7 @@ def take_run_lease(run_dir: str, *, wait_s: float = 0.0, timeout_s: float = LEAS
     try:
         return acquire(contract.normalize_url(run_dir), timeout_s=timeout_s, wait=wait_s, on_wait=on_wait)
     except LeaseHeld as e:
-        raise LaunchError(str(e)) from None
+        raise LaunchError(str(e), permanent=True) from None
 
 
 def launch_training(
@@ -398,7 +402,7 @@ def launch_training(
         lease.fence()
     except (LaunchError, LeaseLost):
         if lease.lost is not None:  # the ranks' failure is the lease's loss: say that, not "exited with status"
-            raise LaunchError(str(lease.lost)) from None
+            raise LaunchError(str(lease.lost), permanent=True) from None
         raise
     finally:
         if own:
@@ -411,7 +415,7 @@ def _launch_leased(data: dict[str, str], config: dict, run_dir: str, nproc: int,
                    timeout_s: float | None, restart: str, rdzv_port: int | None, nnodes: str,
                    log: Callable[[str], None], lease_epoch: int, stop: threading.Event) -> dict:
     """``launch_training`` once this launcher holds the run folder's lease."""
-    args = prepare_run(data, config, run_dir, log_line=log, lease_epoch=lease_epoch)
+    args = prepare_run(data, config, run_dir, log_line=log)
     env = {ENV_EPOCH: str(lease_epoch)}  # the ranks fence their commits with it
     started = time.monotonic()
     goodput.append_event(run_dir, {"event": "launch", "time": time.time(), "host": socket.gethostname(),

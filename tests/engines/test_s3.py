@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -109,6 +110,37 @@ def test_the_whole_run_on_s3_matches_the_run_on_local_disk(s3, tmp_path, prefect
     assert stages["train"]["checkpoint"].startswith(f"s3://{BUCKET}/run/")
     assert stages["eval"]["stats"]["perplexity"] == pytest.approx(local_stages["eval"]["stats"]["perplexity"])
     assert read_jsonl(stages["train"]["url"], "metrics.jsonl")  # metrics reached the store while training
+
+
+def test_two_concurrent_runs_on_one_s3_root_compute_each_stage_once_and_train_once(s3, tmp_path, prefect_harness):
+    """Leases on S3 (conditional puts on SeaweedFS): two runs started together on one root, as two users would."""
+    from flows.crawl_to_model import crawl_to_model
+
+    write_sample_crawl(str(tmp_path / "crawl"), pages=PAGES, files=1, seed=5)
+    s3fs_().put(sorted(glob.glob(f"{tmp_path}/crawl/*.warc.gz")), f"{BUCKET}/crawl-concurrent/")
+    inputs, root = [f"s3://{BUCKET}/crawl-concurrent/*.warc.gz"], f"s3://{BUCKET}/concurrent"
+    results: list = [None, None]
+
+    def run(i: int) -> None:
+        try:
+            results[i] = crawl_to_model(inputs=inputs, root=root, overrides=[*RUN, "launch.lease_wait_minutes=10"])
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=900)
+    assert all(isinstance(r, dict) for r in results), results
+    stages = [{s["stage"]: s for s in r["stages"]} for r in results]
+    assert stages[0].keys() == stages[1].keys()
+    for name in stages[0]:
+        assert sorted(not s[name]["reused"] for s in stages) == [False, True], name  # computed once
+        assert stages[0][name]["url"] == stages[1][name]["url"]
+    run_dir = stages[0]["train"]["url"]
+    assert [e["event"] for e in read_jsonl(run_dir, "events.jsonl")].count("launch") == 1
+    assert [r["step"] for r in read_jsonl(run_dir, "metrics.jsonl")] == [1, 2]
 
 
 def test_training_killed_after_a_committed_checkpoint_on_s3_resumes_from_it_and_exports(s3, tmp_path, monkeypatch):

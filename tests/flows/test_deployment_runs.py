@@ -9,6 +9,7 @@ data stages are computed once and quickly; training is tiny (one rank, 8 steps, 
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -250,3 +251,95 @@ def test_a_deployment_run_with_an_unreachable_store_fails_in_seconds_with_one_se
     message = run["state"]["message"] or ""
     assert "cannot connect to the object store at http://127.0.0.1:9" in message, message
     assert run["total_run_time"] < 30, run["total_run_time"]
+
+
+# -- one writer per run (tasks/lease.py): these run last, on roots of their own --------------------------------
+
+WAIT_FOR_LEASE = "launch.lease_wait_minutes=10"
+
+
+@pytest.fixture(scope="module")
+def fresh_root(tmp_path_factory) -> str:
+    from tasks.sample.code import write_sample_code
+    from tasks.sample.crawl import write_sample_crawl
+
+    url = datasets.normalize_url(str(tmp_path_factory.mktemp("smelt-root-concurrent")))
+    write_sample_crawl(datasets.join(url, "sample"), pages=200, files=2, seed=3)
+    write_sample_code(datasets.join(url, "sample", "code"), files=80, seed=3)
+    return url
+
+
+def test_two_concurrent_runs_on_one_root_compute_each_stage_once_and_train_once(server, fresh_root):
+    _, _, env = server
+    command = [sys.executable, "-m", "flows.cli", "run", "--root", fresh_root, "--json"]
+    for override in (*TRAIN, WAIT_FOR_LEASE):
+        command += ["--set", override]
+    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=RUN_TIMEOUT_S) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], "\n".join(err[-3000:] for _, err in outputs)
+    summaries = [{s["stage"]: s for s in json.loads(out.strip().splitlines()[-1])["stages"]} for out, _ in outputs]
+    for name in DATA_STAGES | {"train"}:
+        computed = [not summary[name]["reused"] for summary in summaries]
+        assert sorted(computed) == [False, True], (name, computed)  # one computed it, the other reused it
+        assert summaries[0][name]["url"] == summaries[1][name]["url"]
+    # (The eval: computed at most once, perhaps by the eval deployment that the final checkpoint triggered.)
+    assert sum(not summary["eval"]["reused"] for summary in summaries) <= 1
+    assert summaries[0]["eval"]["url"] == summaries[1]["eval"]["url"]
+    logs = "".join(out + err for out, err in outputs)
+    assert "another run is computing" in logs  # the second waited for the first's manifest
+    [run_dir] = run_dirs(fresh_root)
+    launches = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines()) if e["event"] == "launch"]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(launches) == 1 and steps == list(range(1, 9))
+
+
+def test_a_run_marked_crashed_while_training_is_retried_and_the_retry_waits_for_the_live_trainer(server, fresh_root):
+    """The field case: the worker lost the flow run (marked Crashed) while its training still runs, and someone
+    presses Retry. The retry's train task waits on the run folder's lease, then reuses the run: never two trainers."""
+    _, api, env = server
+    held = "train.faults.inject=stop:rank=0,step=6"  # the gate: the only rank stops itself at step 6
+    run_id = deployment_run(env, "crawl-to-model/crawl-to-model",
+                            {"root": fresh_root, "overrides": [*TRAIN, "train.seed=7", held, WAIT_FOR_LEASE]})
+    train_root = Path(datasets.filesystem(fresh_root)[1], "train")
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (markers := list(train_root.glob("*/faults/fired-stop-0-6"))):
+        state = api.state(run_id)
+        assert time.monotonic() < deadline and state not in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, state
+        time.sleep(1)
+    [marker] = markers
+    run_dir, rank_pid = marker.parents[1], json.loads(marker.read_text())["pid"]
+
+    api.call("POST", f"/flow_runs/{run_id}/set_state", {"state": {"type": "CRASHED"}, "force": True})
+    api.call("POST", f"/flow_runs/{run_id}/set_state", {"state": {"type": "SCHEDULED", "name": "AwaitingRetry"},
+                                                        "force": True})  # the UI's Retry button
+
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not logged(api, run_id, "waiting for the run folder's lease"):
+        assert time.monotonic() < deadline, f"the retry never reached the run folder's lease: {history(api, run_id)}"
+        time.sleep(1)
+    os.kill(rank_pid, signal.SIGCONT)  # the first attempt's trainer goes on and finishes the run
+
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (run_dir / "manifest.json").exists() or api.state(run_id) not in {"COMPLETED", "FAILED", "CRASHED"}:
+        assert time.monotonic() < deadline, api.state(run_id)
+        time.sleep(2)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("launch") == 1, events  # one trainer, ever
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))
+    assert api.wait(run_id, {"COMPLETED"}) == "COMPLETED"
+    assert logged(api, run_id, f"train: reusing finished run {datasets.normalize_url(str(run_dir))}")
+
+
+def history(api: Api, run_id: str) -> list[str]:
+    """The flow run's states, oldest first (for a failure's message)."""
+    states = api.call("GET", f"/flow_run_states/?flow_run_id={run_id}")
+    return [f"{s['timestamp']} {s['type']}/{s['name']}" for s in sorted(states, key=lambda s: s["timestamp"])]
+
+
+def logged(api: Api, run_id: str, text: str) -> bool:
+    """Whether a log line of the flow run (any attempt) contains ``text``."""
+    logs = api.call("POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200,
+                                             "sort": "TIMESTAMP_DESC"})
+    return any(text in entry["message"] for entry in logs)

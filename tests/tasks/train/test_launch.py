@@ -16,6 +16,7 @@ import pytest
 
 from tasks import datasets
 from tasks.checkpoints import list_committed
+from tasks.errors import is_permanent
 from tasks.train import goodput
 from tasks.train.launch import (LaunchError, check_not_excluded, code_version, launch_training, prepare_run,
                                 torchrun_command)
@@ -225,6 +226,7 @@ def test_a_second_launch_into_a_run_that_is_training_is_refused_naming_the_holde
         first.join(timeout=300)
     message = str(refused.value)
     assert "is leased" in message and socket.gethostname() in message and "\n" not in message
+    assert is_permanent(refused.value)  # a flow does not retry a launch into a folder another launch holds
     events = goodput.read_jsonl(run_dir, goodput.EVENTS)
     assert [e["event"] for e in events].count("launch") == 1
     steps = [r["step"] for r in goodput.read_jsonl(run_dir, goodput.METRICS)]
