@@ -1,6 +1,6 @@
 """What every stage flow shares: fingerprinted output URLs, reuse of finished stages, artifacts.
 
-A stage is reused when a manifest exists at its fingerprinted URL (DESIGN.md §2). smelt does not
+A stage is reused when a manifest exists at its fingerprinted URL (docs/design.md §2). smelt does not
 lean on Prefect's result cache for this: that cache can outlive (or miss) the data it points at,
 while the manifest is the data's own proof of completeness. So a retried flow run, from the UI or
 the CLI, skips finished stages whether or not Prefect kept anything.

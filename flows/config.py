@@ -1,4 +1,4 @@
-"""The run config: one section per stage, each handed only to its own stage (STYLE.md, Config)."""
+"""The run config: one section per stage, each handed only to its own stage (docs/design.md §8, Config)."""
 
 from __future__ import annotations
 

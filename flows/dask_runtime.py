@@ -1,6 +1,6 @@
 """Dask for the data stages: a LocalCluster by default, or an existing cluster by address.
 
-Only pure ``tasks/`` functions run on Dask workers (DESIGN.md §8: Prefect tasks inside Dask workers
+Only pure ``tasks/`` functions run on Dask workers (Prefect tasks inside Dask workers
 each started their own temporary server). A stage gets a ``MapFn`` that submits one Dask task per
 work item, retries items whose worker died, and logs progress as items finish.
 """

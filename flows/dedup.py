@@ -1,4 +1,4 @@
-"""Dedup flow: documents → exact and near-duplicate-free documents (DESIGN.md §3)."""
+"""Dedup flow: documents → exact and near-duplicate-free documents (docs/design.md §3)."""
 
 from __future__ import annotations
 

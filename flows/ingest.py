@@ -1,4 +1,4 @@
-"""Ingest flow: raw crawl files → documents (DESIGN.md §3)."""
+"""Ingest flow: raw crawl files → documents (docs/design.md §3)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from infra.validation import render as render_validation
 from infra.validation import summary as validation_summary
 from infra.validation import table as validation_table
 
-ModelOpt = Annotated[str, typer.Option(help="Model preset from tasks/train/config.py (tiny … 70b, 405b).")]
+ModelOpt = Annotated[str, typer.Option(help="Model preset from tasks/model_config.py (tiny … 405b).")]
 TokensOpt = Annotated[float, typer.Option(help="Training tokens.")]
 GpusOpt = Annotated[int, typer.Option(help="GPUs training at once (whole nodes; spares are added on top).")]
 GpuOpt = Annotated[str, typer.Option(help="GPU type: a100, h100, h200, b200.")]

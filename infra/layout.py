@@ -1,6 +1,6 @@
 """How a model is cut across a GPU mesh: the layout dataclass, its validity rules and the stage split.
 
-Vocabulary (matches DESIGN.md §4 and ``tasks.train.config.ParallelConfig``): the mesh is
+Vocabulary (matches docs/design.md §4 and ``tasks.train.config.ParallelConfig``): the mesh is
 ``pp × dp_replicate × dp_shard × tp`` with tp innermost (inside a node). A *stage* is one pipeline rank's
 slice of layers; a *micro-batch* is what one data-parallel rank pushes through the pipeline at once.
 

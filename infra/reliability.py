@@ -1,7 +1,7 @@
 """Failures and checkpoints: cluster MTBF, checkpoint cost, Young/Daly interval, goodput, spares.
 
 A synchronous job stops at every interruption and resumes from the newest *committed* checkpoint. The
-trainer saves asynchronously (DESIGN.md §4): training blocks ``blocking_s`` (copy to host memory and save
+trainer saves asynchronously (docs/design.md §4): training blocks ``blocking_s`` (copy to host memory and save
 coordination) and the checkpoint commits ``commit_s`` after the save began, while training continues.
 
 Goodput closed form (exponential failures with mean M, restart R that failures may also interrupt, Daly

@@ -3,7 +3,7 @@
 Failures are a renewal process in wall-clock time, independent of what the job does: gaps are
 exponential (the closed form's assumption) or Weibull with the same mean (shape < 1: failures cluster,
 as Schroeder & Gibson 2006 measured on HPC systems). Planned maintenance is a Poisson process.
-The job follows the trainer's protocol (DESIGN.md §4): every ``interval_s`` of progress it blocks
+The job follows the trainer's protocol (docs/design.md §4): every ``interval_s`` of progress it blocks
 ``blocking_s`` for an async save that commits ``commit_s`` after it began; an interruption rolls back to
 the newest committed save and costs ``restart_s`` (which another failure may interrupt); a planned stop
 first saves (``commit_s``), so it loses no work.

@@ -1,4 +1,4 @@
-"""The dataset contract shared by every stage (DESIGN.md §2).
+"""The dataset contract shared by every stage (docs/design.md §2).
 
 A dataset is a folder at any fsspec URL holding shards and one ``manifest.json``. The manifest is
 written last: a dataset is complete iff its manifest exists. Shards are written under a temporary

@@ -1,4 +1,4 @@
-"""The dedup plan every work item gets, and the files the phases share (DESIGN.md §3).
+"""The dedup plan every work item gets, and the files the phases share (docs/design.md §3).
 
 The plan holds plain values only (it pickles to Dask workers): the input shards in one global
 order, the bands × rows, the bucket count, and where each phase keeps its files —

@@ -1,4 +1,4 @@
-"""The dedup stage: exact and near-duplicate removal over documents datasets (DESIGN.md §3).
+"""The dedup stage: exact and near-duplicate removal over documents datasets (docs/design.md §3).
 
 Wiring only: four phases, each a map over work items with ``map_fn`` and each a module of its own;
 every item is idempotent through ``datasets.run_shard`` (files written atomically, marker last),

@@ -13,7 +13,7 @@ positions in the uncompressed stream. WARC and WET files are read by ``warc.py``
 ``warc_framer.py``; records: ``warc_records.py``) with either ``reader.warc_engine``; both give
 the same documents and counts.
 
-Data faults are counted and skipped, never raised (DESIGN.md §3). Counters:
+Data faults are counted and skipped, never raised (docs/design.md §3). Counters:
 ``in`` (candidate records: WARC responses, WET conversions, JSONL lines, Parquet rows),
 ``out`` (documents yielded), ``other_records`` (WARC request/metadata/… records),
 ``decoded_with_replacements`` (pages kept with a few undecodable bytes replaced),

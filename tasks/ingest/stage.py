@@ -1,4 +1,4 @@
-"""The ingest stage: raw crawl files → a ``documents`` dataset (DESIGN.md §3); and what code ingest shares.
+"""The ingest stage: raw crawl files → a ``documents`` dataset (docs/design.md §3); and what code ingest shares.
 
 One work item per input file, fanned out with ``map_fn``; each is idempotent, so a retried stage
 or a killed Dask worker redoes only unfinished files. The manifest's stats give the funnel

@@ -1,4 +1,4 @@
-"""The tokenize stage: documents datasets + a tokenizer -> one tokens dataset (DESIGN.md §3).
+"""The tokenize stage: documents datasets + a tokenizer -> one tokens dataset (docs/design.md §3).
 
 One work item per document shard ``n`` (counting across all inputs, in order) writes
 ``train-NNNNN.bin/.idx`` and ``val-NNNNN.bin/.idx`` (a split with no documents writes nothing).

@@ -102,7 +102,7 @@ class OptimConfig:
 
 @dataclass
 class DataConfig:
-    """Fixed global batch (sequences) and sequence length: the run's contract (DESIGN.md §4)."""
+    """Fixed global batch (sequences) and sequence length: the run's contract (docs/design.md §4)."""
 
     seq_len: int = 128
     global_batch: int = 8

@@ -1,4 +1,4 @@
-"""Deterministic, elastic token loader (DESIGN.md §4): the order of samples is a pure function of
+"""Deterministic, elastic token loader (docs/design.md §4): the order of samples is a pure function of
 (seed, epoch, sample index), and the loader's whole state is the number of samples consumed.
 
 Vocabulary and the rules every part below keeps:

@@ -1,4 +1,4 @@
-"""A run's identity: what makes its checkpoints meaningful, and nothing else (DESIGN.md §4).
+"""A run's identity: what makes its checkpoints meaningful, and nothing else (docs/design.md §4).
 
 Two launches are the same run, continuing in the same folder from its newest checkpoint, when they
 train the same model shape from the same initial weights on the same data in the same order:

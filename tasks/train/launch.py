@@ -2,8 +2,9 @@
 
 torchrun runs in its own session (process group), so a cancelled flow, a timeout or Ctrl-C stops
 the agent and every rank it started. Rendezvous is c10d on 127.0.0.1 rather than ``--standalone``:
-after a worker failure, restarted gloo workers of a standalone agent could not reconnect here
-(DESIGN.md §9); with c10d they do, given a store namespace per attempt (tasks/train/watchdog.py).
+after a worker failure, restarted gloo workers of a standalone agent could not reconnect (torch 2.13:
+"connectFullMesh failed … Connection refused"); with c10d they do, given a store namespace per attempt
+(tasks/train/watchdog.py).
 
 ``nnodes="1:2"`` makes the agent elastic: agents of the same run (same run folder, rendezvous
 port) form one job, and when a node is lost the rest restart from the last checkpoint with the

@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", help="run folder: metrics, summary, checkpoints (required unless --dry-run)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key, e.g. --set optim.lr=3e-4 (repeatable)")
-    parser.add_argument("--dry-run", action="store_true", help="print the layout, memory and batch walk as JSON")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the layout, batch walk and busiest rank's parameter count as JSON "
+                             "(memory: add --simulate-world, or see smelt plan)")
     parser.add_argument("--nproc", type=int, default=1, help="world size to describe with --dry-run")
     parser.add_argument("--simulate-world", type=int, metavar="N",
                         help="with --dry-run: build and step one rank of an N-rank job on fake tensors, measure its memory")

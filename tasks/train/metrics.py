@@ -66,8 +66,9 @@ def measured_cpu_flops(size: int = 512, seconds: float = 0.2) -> float:
 def gpu_peak_flops(name: str, dtype: torch.dtype = torch.bfloat16) -> float:
     """Peak dense FLOP/s of the GPU called ``name`` (as torch.cuda.get_device_name reports it).
 
-    Unknown GPUs fall back to the H100 figure with a warning. fp32 matmuls run as TF32 on tensor
-    cores, at half the bf16 rate.
+    Unknown GPUs fall back to the H100 figure with a warning. For fp32 the figure is the TF32 tensor-core
+    rate, half the bf16 one; nothing in smelt enables TF32 (torch's default keeps fp32 matmuls in full
+    fp32, several times slower), so it is an upper bound and an fp32 run's MFU reads low.
     """
     for key, peak in GPU_PEAK_BF16:
         if key in name:

@@ -1,4 +1,4 @@
-"""Apply parallelism to a single-device model from outside, in the order of DESIGN.md §4:
+"""Apply parallelism to a single-device model from outside, in the order of docs/design.md §4:
 FP8 layers (optional) → tensor (+ sequence, + loss) parallel → activation checkpointing →
 torch.compile → FSDP2.
 

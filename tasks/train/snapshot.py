@@ -3,7 +3,7 @@
 Why: a storage checkpoint every few minutes makes each failure redo half an interval of work and
 read the whole model back from storage. A snapshot of each rank's state after every optimizer step
 (``snapshot.interval_steps``) in host memory on two nodes makes a failure cost at most one step and
-no storage read (DESIGN.md §4, issue 40). Storage checkpoints keep their long interval for disasters
+no storage read (docs/design.md §4, issue 40). Storage checkpoints keep their long interval for disasters
 (a node and its replica peer lost together), resharding and evals.
 
 The store is a folder in node-local memory (``/dev/shm/smelt-snapshots`` by default; ``snapshot.dir``

@@ -1,7 +1,7 @@
 """The training loop: one synchronous job over a ``pp × dp_replicate × dp_shard × tp`` mesh.
 
 Read ``Trainer.__init__`` then ``Trainer.train_step`` top to bottom: build on meta → split into
-pipeline stages → parallelise → materialise → optimise. The batch contract (DESIGN.md §4): each
+pipeline stages → parallelise → materialise → optimise. The batch contract (docs/design.md §4): each
 optimizer step consumes one global batch of ``global_batch × seq_len`` tokens, whatever the
 world size; each data-parallel rank takes its slice and walks it in micro-batches. The loss of
 each micro-batch is a token *sum* divided by the tokens of this rank's whole step, so after

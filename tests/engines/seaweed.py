@@ -1,4 +1,4 @@
-"""A SeaweedFS S3 gateway on 127.0.0.1 for tests and bench/s3.py (DESIGN.md §10).
+"""A SeaweedFS S3 gateway on 127.0.0.1 for tests and bench/s3.py (docs/design.md §8, Tests).
 
 ``weed mini`` runs master, volume, filer and S3 in one process. It is started in a session of its
 own and SIGKILLed at the end (safe for it, and its SIGTERM takes ~4 s); its unix sockets in the

@@ -1,4 +1,4 @@
-"""A two-node Slurm 22.05 cluster on 127.0.0.1 for tests (DESIGN.md §10): munged, slurmctld and two
+"""A two-node Slurm 22.05 cluster on 127.0.0.1 for tests (docs/design.md §8): munged, slurmctld and two
 slurmd ("n1", "n2") on this host, each a child process in a session of its own, with a short
 credential lifetime so a requeued job starts again in seconds.
 

@@ -1,4 +1,10 @@
-"""The planner against published runs (infra/validation.py): the error bound, the fit, FP8 and CP."""
+"""The planner against published runs (infra/validation.py).
+
+Checks that the held-out throughput error and the memory error stay within the bounds below, that the table
+spans systems, sizes, scales, GPUs and precisions, that each fitted constant is named and fitted on one stated
+row, and that FP8, context parallelism, the stacks' loss implementations and torchtitan's selective
+recomputation cost what their sources show.
+"""
 
 import dataclasses
 
@@ -14,28 +20,8 @@ from infra.validation import (CP_SWEEPS, FITTED, RUNS, STACKS, _balanced_attenti
 ROWS = table()
 BY_KEY = {r.run.key: r for r in ROWS}
 
-# The bound this table holds today. Lower these when a change improves it; a change that breaks them made the
-# planner worse on runs it was not fitted to.
-# (Memory rose from 0.050 / 0.165 when the torchtitan 405B rows took torchtitan's own layer split, which puts
-# one layer fewer on their first stage than smelt's: an input corrected, see infra/README.md. It fell to
-# 0.045 / 0.147 when the logits and input gradients torch's schedule keeps until the next step, and the head's
-# saved inputs, were counted.)
-# (Throughput rose from 0.046 / 0.20 to 0.065 / 0.51 when torchtitan's June 2025 async-TP table joined, whose
-# 8B TP8 rows are predicted 20-51% fast: new data, not a change to the model. It fell to 0.061 / 0.37 with the
-# all-gathers torchtitan's selective policy runs again and the fitted share of the collectives async TP hides,
-# to 0.057 / 0.328 when the linear GEMMs' own HBM traffic was counted, to 0.055 / 0.251 with the matmuls
-# torchtitan's selective policy reruns, to 0.054 with its context parallel's all-at-once K/V gather, and to
-# 0.053 / 0.247 with NCCL's ring latency. Counting the FP8 stacks' backward FP8 all-gathers and their
-# full-width casts and transposes under TP took the mean to 0.0526 and the worst, torchtitan's 8B TP8 FP8 row
-# with async TP, from 0.247 to 0.253: the source code's behaviour, not a fit, moved that outlier.
-# The mean rose to 0.0529 when the fit ran to its fixed point: six sweeps had left LLM Foundry's MPT-7B row 0.2%
-# off, and its held-out rows 0.2 points better than the constants solved in full give. It fell to 0.0516 / 0.207
-# when torchao's narrow FP8 GEMMs (K ≤ 4096 and N ≤ 1024 on the rank) ran at the bf16 rate, and to 0.0509 with
-# the fp32 merges torch's ring attention runs after every ring step, and to 0.0474 / 0.171 when torchtitan's
-# compiled full recomputation stopped rerunning w2 and its reduce-scatter.
-# Memory: the mean rose from 0.045 to 0.0511, and one row more left the 10% band, when the interleaved last rank
-# held what torch's warm-up leaves on it, pp micro-batches of its first stage (test_pipeline_inflight.py checks
-# every rank): torchtitan's 405B interleaved row went from −1.2% to +12.6%.)
+# The bound this table holds today (how each figure moved: infra/README.md and git log). Lower these when a
+# change improves it; a change that breaks them made the planner worse on runs it was not fitted to.
 HELD_OUT_MEAN, HELD_OUT_WORST, MEMORY_MEAN, MEMORY_WORST = 0.0474, 0.171, 0.0511, 0.147
 MEMORY_WITHIN_10 = 15  # rows whose peak memory is within 10% of the published figure
 

@@ -1,4 +1,4 @@
-"""The code ingest stage: source files → a ``documents`` dataset with ``source = "code"`` (DESIGN.md §3).
+"""The code ingest stage: source files → a ``documents`` dataset with ``source = "code"`` (docs/design.md §3).
 
 read → vendored → license → language → size → generated → data-like → minified → max line length
 → mean line length → alphanumeric fraction → ``docs-NNNNN.parquet``. One work item per records

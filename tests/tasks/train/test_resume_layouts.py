@@ -1,4 +1,4 @@
-"""Elastic resume (DESIGN.md §4): a run stopped on one world size and layout and resumed on another
+"""Elastic resume (docs/design.md §4): a run stopped on one world size and layout and resumed on another
 trains on exactly the same global batches, and its losses stay within 1e-4 relative of a run that
 was never interrupted (CPU, gloo, fp32).
 
