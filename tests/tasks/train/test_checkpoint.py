@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from tasks import datasets
 from tasks.checkpoints import list_committed, step_url, verify_checkpoint
+from tasks.train import checkpoint as checkpoint_module
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import CheckpointConfig
 
@@ -230,13 +231,35 @@ def test_saves_every_interval_steps_and_when_forced(tmp_path):
     assert saved == [3, 6, 7]
 
 
-def test_saves_when_interval_minutes_elapsed(tmp_path):
-    mgr = manager(tmp_path, interval_steps=0, interval_minutes=0.1 / 60)
+class FakeClock:
+    """``time`` for the checkpoint module, with a ``monotonic`` that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_saves_when_interval_minutes_elapsed(tmp_path, monkeypatch):
+    """The interval runs from the manager's start, then from each save's end, on a clock the test holds: a slow
+    save or a loaded machine cannot move it."""
+    clock = FakeClock()
+    monkeypatch.setattr(checkpoint_module, "time", clock)
+    mgr = manager(tmp_path, interval_steps=0, interval_minutes=1)
+    clock.now += 59
     assert not mgr.maybe_save(1, {"p": Progress()}, {})
-    time.sleep(0.15)
+    clock.now += 1
     assert mgr.maybe_save(2, {"p": Progress()}, {})
+    clock.now += 59
     assert not mgr.maybe_save(3, {"p": Progress()}, {})
+    clock.now += 1
+    assert mgr.maybe_save(4, {"p": Progress()}, {})
     mgr.close()
+    assert [c["step"] for c in list_committed(str(tmp_path))] == [2, 4]
 
 
 def test_meta_that_is_not_json_is_a_clear_error(tmp_path):
