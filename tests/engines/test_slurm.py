@@ -57,6 +57,19 @@ def wait_for(path: Path, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def wait_for_pending(pid: int, signum: int, timeout: float, log: Path) -> None:
+    """Until ``signum`` is pending on the (stopped) process ``pid``, read off /proc/PID/status: the signal
+    has been delivered and waits there, however long the scheduler took to forward it."""
+    bit, deadline = 1 << (signum - 1), time.monotonic() + timeout
+    while True:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        if any(line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & bit for line in status):
+            return
+        assert time.monotonic() < deadline, f"{signal.Signals(signum).name} not pending on {pid} after " \
+                                            f"{timeout:.0f} s; the job's log:\n{log.read_text() if log.exists() else ''}"
+        time.sleep(0.1)
+
+
 def run_path(job: dict) -> Path:
     return Path(job["run_dir"].removeprefix("file://"))
 
@@ -98,12 +111,11 @@ def test_scancel_and_resubmit_then_the_time_limit_signal_each_resume_where_they_
     # What Slurm does stop_lead_s before the time limit: SIGUSR1 to the batch shell.
     slurm_cluster.run("scancel", "--batch", "--signal=USR1", again["job_id"])
     log = tmp_path / "run-logs" / f"{again['name']}-{again['job_id']}.out"
-    deadline = time.monotonic() + 30
-    while "time limit near" not in log.read_text():
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
-    time.sleep(1)  # let the forwarded SIGUSR1 reach rank 0; stopped rank 1 holds it pending
-    os.kill(json.loads((faults / "fired-stop-1-9").read_text())["pid"], signal.SIGCONT)
+    stopped = json.loads((faults / "fired-stop-1-9").read_text())["pid"]
+    # Release rank 1 only once it holds the forwarded signal pending: it handles it on waking, before its step-9
+    # vote, so every rank agrees to stop at step 9 whenever rank 0's copy arrives.
+    wait_for_pending(stopped, signal.SIGUSR1, 30, log)
+    os.kill(stopped, signal.SIGCONT)
     restart_now(slurm_cluster, again["job_id"])
     state = slurm_cluster.wait_job(again["job_id"], {"COMPLETED", "FAILED"}, timeout=180)
     assert state == "COMPLETED", slurm_cluster.log_tail()
