@@ -24,7 +24,7 @@ from tasks.checkpoints import list_committed, load_consolidated
 from tasks.train.faults import fired_faults
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import excluded_hosts, free_port, launch_training, prepare_run, start_torchrun
-from tests.tasks.train.processes import follow, kill_tree, listening
+from tests.tasks.train.processes import follow, kill_tree, listening, wait_for
 from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow
@@ -199,7 +199,9 @@ RDZV_CONF = "last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3
 
 
 def test_an_elastic_job_that_loses_a_node_finishes_on_the_other_with_the_same_global_batch(corpus, tmp_path):
-    cfg = config()
+    """Node B is lost while its rank is held at the start of step 4 (SIGSTOPped once step 2's checkpoint
+    committed, a gate only a two-node group reaches): A goes on alone from step 2, whatever the timing."""
+    cfg = config("stop:rank=1,step=4")
     cfg.pop("parallel")  # dp_shard takes whatever world there is
     args = prepare_run({"main": corpus}, cfg, str(tmp_path))
     port = free_port()
@@ -214,12 +216,11 @@ def test_an_elastic_job_that_loses_a_node_finishes_on_the_other_with_the_same_gl
             time.sleep(0.2)
         agents["B"] = start_torchrun(1, args, str(tmp_path), 2, port, nnodes="1:2", rdzv_conf=RDZV_CONF)
         threading.Thread(target=follow, args=(agents["B"], lines["B"]), daemon=True).start()
-        deadline = time.monotonic() + 180
-        while not any("step 4/12" in line for line in lines["A"]):
-            assert time.monotonic() < deadline, "\n".join(lines["A"][-30:])
-            time.sleep(0.2)
+        held = tmp_path / "faults" / "fired-stop-1-4"
+        wait_for("rank 1 held at step 4", held.exists, 180, lines["A"] + lines["B"])
         workers = psutil.Process(agents["B"].pid).children(recursive=True)
         assert [w.environ().get("RANK") for w in workers] == ["1"], "rank 0 must run beside the store, on agent A"
+        assert json.loads(held.read_text())["pid"] == workers[0].pid
         kill_tree(agents["B"])  # the node is lost: its agent and its rank, at once
         assert agents["A"].wait(timeout=180) == 0, "\n".join(lines["A"][-40:])
     finally:
@@ -227,7 +228,7 @@ def test_an_elastic_job_that_loses_a_node_finishes_on_the_other_with_the_same_gl
             kill_tree(agent)
     groups = starts(tmp_path)
     # (A group of A alone may come first, if B joined after A's last call: B's arrival restarts it.)
-    assert [g["world_size"] for g in groups][-2:] == [2, 1] and groups[-1]["resumed_from"] >= 2
+    assert [g["world_size"] for g in groups][-2:] == [2, 1] and groups[-1]["resumed_from"] == 2
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["steps"], summary["world_size"], summary["tokens"]) == (12, 1, 12 * 8 * 16)
     assert summary["batch"]["global_batch"] == 8 and summary["batch"]["local_batch"] == 8
