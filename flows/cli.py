@@ -253,6 +253,8 @@ def train(
     as_json: JsonOpt = False,
     simulate_world: Annotated[Optional[int], typer.Option(help="With --dry-run: build and step one rank of an N-rank job on fake tensors; its peak memory beside the plan's.")] = None,
     rank: Annotated[int, typer.Option(help="The rank --simulate-world builds (its mesh coordinates).")] = 0,
+    resume_from: Annotated[Optional[int], typer.Option(metavar="STEP", help="Continue from this retained checkpoint (any world size); the later ones are kept as a superseded branch.")] = None,
+    skip_steps: Annotated[Optional[str], typer.Option(metavar="A:B", help="With --resume-from: skip the samples of steps A..B (PaLM's remedy for a spike).")] = None,
 ) -> None:
     """Launch torchrun to train (or resume) a model on token datasets."""
     if not data and not (dry_run and simulate_world):
@@ -280,7 +282,8 @@ def train(
     if dry_run:
         _emit(report, as_json, lambda r: console.print_json(json.dumps(r, default=str)))
         return
-    result = train_flow(data=data, root=root, config=section(cfg, "train"), launch=section(cfg, "launch"), run_dir=run_dir)
+    result = train_flow(data=data, root=root, config=section(cfg, "train"), launch=section(cfg, "launch"), run_dir=run_dir,
+                        resume_from=resume_from, skip_steps=skip_steps)
     _emit(result, as_json, lambda r: render_train(r, _out()))
 
 

@@ -71,8 +71,8 @@ def _data_sources(step_url: str, data: str | None) -> dict[str, str]:
 
 def _with_run_results(root: str, run_dir: str, meta: dict) -> list[dict]:
     """Every finished evaluation of the run's checkpoints, with this one (``meta``) in its place."""
-    return sorted([e for e in run_evaluations(root, run_dir) if e["step"] != meta["step"]] + [meta],
-                  key=lambda e: e["step"])
+    return sorted([e for e in run_evaluations(root, run_dir) if e["step"] != meta["step"] or e["branch"] is not None]
+                  + [{**meta, "branch": None}], key=lambda e: (e["branch"] or 0, e["step"]))
 
 
 def _loss_plot(run_dir: str, evaluations: list[dict]) -> bytes | None:

@@ -25,6 +25,9 @@ from flows.common import (StageOutcome, artifact_key, fails_in_one_sentence, one
 from flows.config import LaunchConfig
 from tasks import datasets
 from tasks.config import from_dict
+from prefect.runtime import flow_run
+
+from tasks.branches import check_request, parse_skip_steps
 from tasks.checkpoints import finished_run, list_committed, named_checkpoint, relative_step
 from tasks.lease import Lease, LeaseError
 from tasks.objectstore import preflight_all
@@ -127,12 +130,16 @@ def publish_loss_by_source(run_dir: str, run_name: str) -> None:
 
 @task(name="train", cache_policy=NO_CACHE, **retry_options(0))
 @one_sentence_failures(STAGE)
-def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: str | None = None) -> dict:
+def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: str | None = None,
+               resume_from: int | None = None, skip_steps: str | None = None) -> dict:
     """Train, continue or reuse the run ``config`` names on ``data``; returns a StageOutcome dict whose url is
     the run folder. A finished run is reused when it reached ``steps``; one that stopped short continues.
 
     The run folder's lease is taken first and held until its manifest is committed: a retried or concurrent
-    flow run waits for it (``launch.lease_wait_minutes``) and then finds the run finished, or is refused."""
+    flow run waits for it (``launch.lease_wait_minutes``) and then finds the run finished, or is refused.
+
+    ``resume_from``: continue from that older retained checkpoint (a finished run too), the later ones kept as a
+    superseded branch; ``skip_steps`` ``"A:B"`` skips the samples of steps A..B (tasks/branches.py)."""
     logger = get_run_logger()
     cfg = from_dict(TrainConfig, config)
     sources = parse_data(data)
@@ -142,21 +149,23 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
                            timeout_s=float(launch.get("lease_timeout_minutes", LaunchConfig.lease_timeout_minutes)) * 60,
                            log=logger.info)
     try:
-        return _train_leased(sources, root, cfg, config, launch, url, fp, manifests, lease)
+        return _train_leased(sources, root, cfg, config, launch, url, fp, manifests, lease,
+                             {"resume_from": resume_from, "skip_steps": parse_skip_steps(skip_steps),
+                              "branch_request": flow_run.id})  # a retry continues the branch it declared
     finally:
         with contextlib.suppress(LeaseError):
             lease.release()
 
 
 def _train_leased(sources: dict[str, str], root: str, cfg: TrainConfig, config: dict, launch: dict, url: str,
-                  fp: str, manifests: dict, lease: Lease) -> dict:
+                  fp: str, manifests: dict, lease: Lease, branch: dict) -> dict:
     """``train_task`` once it holds the run folder's lease."""
     logger = get_run_logger()
     finished = finished_run(url)  # None also when its final checkpoint fails verification: resume and rewrite it
     if finished is not None and finished.fingerprint != fp:
         raise datasets.DatasetError(f"{url} holds run {finished.fingerprint}, not {fp}: the model, data, batch "
                                     "contract or seed differ; choose another run folder")
-    if finished is not None and int(finished.meta["step"]) >= cfg.steps:
+    if finished is not None and int(finished.meta["step"]) >= cfg.steps and branch["resume_from"] is None:
         if int(finished.meta["step"]) > cfg.steps:
             logger.warning(f"train: run {url} already reached step {finished.meta['step']}, past train.steps = "
                            f"{cfg.steps}; its final checkpoint is the result")
@@ -174,7 +183,7 @@ def _train_leased(sources: dict[str, str], root: str, cfg: TrainConfig, config: 
         result = launch_training(
             data=sources, config=config, run_dir=url, nproc=int(launch["nproc"]),
             max_restarts=int(launch["max_restarts"]), timeout_s=float(launch["timeout_minutes"]) * 60,
-            restart=launch.get("restart", LaunchConfig.restart), lease=lease, log=logger.info,
+            restart=launch.get("restart", LaunchConfig.restart), lease=lease, log=logger.info, **branch,
         )
     finally:
         stop.set()
@@ -215,9 +224,13 @@ def dry_run_report(data: list[str], config: dict, nproc: int) -> dict[str, Any]:
 @flow(name="train")
 @fails_in_one_sentence
 def train_flow(data: list[str], root: str = "smelt-data", config: dict | None = None,
-               launch: dict | None = None, run_dir: str | None = None) -> dict:
-    """Launch torchrun on token datasets; Prefect retries the whole launch when the agent gives up."""
+               launch: dict | None = None, run_dir: str | None = None, resume_from: int | None = None,
+               skip_steps: str | None = None) -> dict:
+    """Launch torchrun on token datasets; Prefect retries the whole launch when the agent gives up.
+    ``resume_from`` / ``skip_steps`` (``"A:B"``): continue from an older retained checkpoint (tasks/branches.py)."""
+    check_request(resume_from, parse_skip_steps(skip_steps))  # one sentence, before any retry
     preflight_all(data, root, run_dir)
     launch = launch or dataclasses.asdict(LaunchConfig())
     dry_run_report(data, config or {}, int(launch["nproc"]))  # user mistakes: one sentence, before any retry
-    return train_task.with_options(**retry_options(int(launch["task_retries"])))(data, root, config or {}, launch, run_dir)
+    return train_task.with_options(**retry_options(int(launch["task_retries"])))(data, root, config or {}, launch, run_dir,
+                                                                                  resume_from, skip_steps)

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from tasks import datasets
+from tasks import branches, datasets
 from tasks.lease import EPOCH_KEY, commit_superseded
 
 log = logging.getLogger(__name__)
@@ -371,6 +371,17 @@ def list_committed(run_dir_url: str, *, checksums: bool = True) -> list[dict[str
             continue
         manifest = datasets.read_manifest(url)
         out.append(_summary(step, url, manifest.meta, manifest.fingerprint))
+    return out
+
+
+def list_branches(run_dir_url: str, *, checksums: bool = True) -> list[dict[str, Any]]:
+    """The run's superseded branches (``tasks/branches.py``), oldest first: each record with ``checkpoints``,
+    its verified checkpoints as ``list_committed`` lists them, each marked ``superseded`` and with its ``branch``.
+    ``list_committed`` of the run never returns them: they live under ``<run>/branches/<n>/``."""
+    out = []
+    for record in branches.read(run_dir_url):
+        listed = list_committed(branches.branch_url(run_dir_url, record), checksums=checksums)
+        out.append({**record, "checkpoints": [{**c, "branch": record["branch"], "superseded": True} for c in listed]})
     return out
 
 

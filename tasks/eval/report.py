@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from tasks import datasets, jsonlog
+from tasks import branches, datasets, jsonlog
 from tasks.eval.baselines import COMPRESSORS
 
 
@@ -15,21 +15,39 @@ def read_metrics(run_dir: str) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def _branch_of(run_dir: str, records: list[dict], meta: dict) -> int | None:
+    """The superseded branch (``--resume-from``, tasks/branches.py) whose checkpoint an evaluation scored: the
+    branch holding that step whose checkpoint has the evaluated files; None for the run's own trajectory."""
+    from tasks.checkpoints import relative_step  # torch: only runs that branched pay for it
+    from tasks.eval.evaluate import checkpoint_identity
+
+    files = (meta.get("identity") or {}).get("files")
+    for record in records:
+        if files and meta["step"] in record["steps"]:
+            url = datasets.join(branches.branch_url(run_dir, record), relative_step(meta["step"]))
+            if (checkpoint_identity(url) or {}).get("files") == files:
+                return record["branch"]
+    return None
+
+
 def run_evaluations(root: str, run_dir: str) -> list[dict]:
     """Meta of every finished evaluation under ``<root>/eval`` of a checkpoint of ``run_dir``, by step
-    (for a step evaluated under several eval configs, the newest)."""
+    (for a step evaluated under several eval configs, the newest); an evaluation of a checkpoint now on a
+    superseded branch has its ``branch`` (None for the run's own trajectory) and comes after the run's own."""
     fs, path = datasets.filesystem(datasets.join(datasets.normalize_url(root), "eval"))
     run_dir = datasets.normalize_url(run_dir)
-    by_step: dict[int, tuple[str, dict]] = {}
+    records = branches.read(run_dir)
+    by_step: dict[tuple[int, int], tuple[str, dict]] = {}
     for manifest_path in fs.glob(f"{path}/*/{datasets.MANIFEST}"):
         manifest = datasets.Manifest.from_json(fs.cat_file(manifest_path).decode())
         if manifest.kind != "eval" or manifest.meta.get("run") != run_dir:
             continue
         created = manifest.lineage.get("created_at", "")
-        step = manifest.meta["step"]
-        if step not in by_step or by_step[step][0] <= created:
-            by_step[step] = (created, manifest.meta)
-    return [by_step[s][1] for s in sorted(by_step)]
+        meta = {**manifest.meta, "branch": _branch_of(run_dir, records, manifest.meta) if records else None}
+        key = (meta["branch"] or 0, meta["step"])
+        if key not in by_step or by_step[key][0] <= created:
+            by_step[key] = (created, meta)
+    return [by_step[k][1] for k in sorted(by_step)]
 
 
 def results_table(evaluations: list[dict]) -> list[dict]:
@@ -39,6 +57,8 @@ def results_table(evaluations: list[dict]) -> list[dict]:
     rows = []
     for ev in evaluations:
         row = {"step": ev["step"], "tokens": ev.get("tokens")}
+        if ev.get("branch") is not None:
+            row["branch"] = f"superseded branch {ev['branch']}"
         for name, figures in [*sorted(ev["splits"].items()), ("total", ev["total"])]:
             row[f"{name} val loss"] = round(figures["val_loss"], 4)
             row[f"{name} perplexity"] = round(figures["perplexity"], 2)
@@ -54,6 +74,8 @@ def validation_curves(evaluations: list[dict]) -> dict[str, list[tuple[int, floa
     """Split name (and ``total``) → [(step, validation loss)], by step."""
     curves: dict[str, list[tuple[int, float]]] = {}
     for ev in evaluations:
+        if ev.get("branch") is not None:
+            continue  # the curves follow the run's own trajectory
         for name, figures in [*sorted(ev["splits"].items()), ("total", ev["total"])]:
             curves.setdefault(name, []).append((ev["step"], figures["val_loss"]))
     return curves

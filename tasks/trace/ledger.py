@@ -2,7 +2,7 @@
 
 An update is applied when its step is on the final trajectory (run.py): steps redone after a restart,
 rolled back by the loss guard or left on a superseded branch changed no weight the run ended with, so
-they do not count. Each kept step's record names the samples the loader actually gave it (``samples``,
+they do not count (``branches`` says which ``--resume-from`` branch each superseded step ended on). Each kept step's record names the samples the loader actually gave it (``samples``,
 read from the loader before the step, not recomputed), so a resume at a wrong position shows up as
 samples counted twice or never. Every index below the last kept step's end must count exactly once,
 except the loss guard's skipped windows (``skipped.jsonl``), which must count zero.
@@ -75,5 +75,6 @@ def ledger(run: Run) -> dict:
         "inferred_steps": inferred,
         "unrecorded_steps": unrecorded,
         "superseded_steps": sorted({r["step"] for r in run.superseded}),
+        "branches": run.branch_summary(),  # --resume-from: the superseded branches and their skipped steps
         "exactly_once": not (never or repeated or unexpected_skip or unrecorded),
     }

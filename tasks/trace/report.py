@@ -45,6 +45,7 @@ def trace_step(run: Run, step: int, top: int = 5, excerpt_chars: int = 240) -> d
     losses = read_losses(run.url, step, step)
     sequences, recorded = _sequences(run, docs, losses, step, samples, top, excerpt_chars)
     return {"run": run.url, "step": step, "loss": record.get("loss"), "final_trajectory": step in run.steps and not rejected,
+            "branch": None if record is run.steps.get(step) else run.branch_of(record),
             "rolled_back_to": record.get("rolled_back_to"), "samples": list(samples), "recorded": recorded,
             "sequences": sequences}
 
@@ -170,6 +171,8 @@ def render(answer: dict) -> str:
     if "sequences" in answer and "spikes" not in answer:
         head = (f"step {answer['step']} of {answer['run']}: loss {answer['loss']:.4f}, samples "
                 f"[{answer['samples'][0]}, {answer['samples'][1]}), {answer['recorded']} per-sample losses")
+        if answer.get("branch") is not None:
+            head += f" (superseded branch {answer['branch']})"
         if not answer["final_trajectory"]:
             head += f" (rejected: rolled back to step {answer['rolled_back_to']})"
         return "\n".join([head, *[line for seq in answer["sequences"] for line in _sequence_lines(seq)]])
@@ -194,4 +197,8 @@ def render(answer: dict) -> str:
                 "unrecorded_steps", "superseded_steps"):
         if answer[key]:
             lines.append(f"  {key.replace('_', ' ')}: {answer[key]}")
+    for b in answer.get("branches", []):
+        skip = f", skipped steps {b['skip_steps']} (samples {b['skip_samples']})" if b["skip_steps"] else ""
+        lines.append(f"  branch {b['branch']} (superseded, {b['url']}): left at step {b['from_step']}, steps "
+                     f"{b['steps']}, checkpoints {b['checkpoints']}{skip}")
     return "\n".join(lines)

@@ -6,7 +6,7 @@ write order a process group's start (``events.jsonl``: ``resumed_from``) discard
 state it resumed from, a rejected step (``rolled_back_to``) discards every step after its rollback target,
 and a step trained again replaces its earlier record. A run resumed from an older checkpoint (a superseded
 branch) is one more start with an older ``resumed_from``: its abandoned steps fall out the same way, and
-``superseded`` lists them.
+``superseded`` lists them; ``branches`` (tasks/branches.py, ``--resume-from``) says which branch each ended on.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from tasks import datasets, jsonlog
+from tasks import branches as branch_records, datasets, jsonlog
 
 METRICS, EVENTS, SKIPPED, LINEAGE = "metrics.jsonl", "events.jsonl", "skipped.jsonl", "lineage.json"
 
@@ -31,10 +31,26 @@ class Run:
     attempts: list[dict]  # every metrics record, in write order
     skipped: list[dict]
     superseded: list[dict] = field(default_factory=list)  # records of steps later discarded
+    branches: list[dict] = field(default_factory=list)  # branches.json: what --resume-from superseded
 
     @property
     def final_step(self) -> int:
         return max(self.steps, default=0)
+
+    def branch_of(self, record: dict) -> int | None:
+        """The superseded branch a step record ended on (None: the final trajectory, or a step merely redone)."""
+        if self.steps.get(record["step"]) is record:
+            return None
+        return branch_records.branch_of(self.branches, record.get("group"), record["step"])
+
+    def branch_summary(self) -> list[dict]:
+        """Each branch: where it left the run, its superseded steps and kept checkpoints, what it skipped."""
+        out = []
+        for b in self.branches:
+            steps = sorted({r["step"] for r in self.superseded if self.branch_of(r) == b["branch"]})
+            out.append({"branch": b["branch"], "from_step": b["from_step"], "steps": steps, "checkpoints": b["steps"],
+                        "url": b["url"], "skip_steps": b["skip_steps"], "skip_samples": b["skip_samples"]})
+        return out
 
 
 def final_trajectory(events: list[dict], records: list[dict]) -> tuple[dict[int, dict], list[dict]]:
@@ -77,7 +93,7 @@ def open_run(url: str) -> Run:
     records = [r for r in jsonlog.read(url, METRICS) if "step" in r]
     steps, lost = final_trajectory(jsonlog.read(url, EVENTS), records)
     return Run(url=url, lineage=lineage, steps=steps, attempts=records, skipped=jsonlog.read(url, SKIPPED),
-               superseded=lost)
+               superseded=lost, branches=branch_records.read(url))
 
 
 def samples_of(record: dict) -> tuple[int, int] | None:

@@ -457,7 +457,9 @@ class CheckpointManager:
 
         Runs right after ``newest`` committed, so nothing is deleted before a newer one exists.
         Uncommitted folders of older steps are crashed saves; any folder of a later step belongs to
-        a trajectory this run abandoned (it resumed or rolled back to an earlier step).
+        a trajectory this run abandoned (it restarted or rolled back to an earlier step). A declared
+        branch (``--resume-from``, tasks/branches.py) is kept: its folders moved under ``branches/``
+        before this trajectory's first save, and retention only lists ``checkpoints/``.
         """
         dirs = step_dirs(self.run_dir_url)
         committed = [s for s, url in dirs.items() if s <= newest and is_committed(url)]
@@ -519,6 +521,14 @@ class CheckpointManager:
         self._last_step, self._last_time = step, time.monotonic()
         log.info("loaded checkpoint step %d from %s", step, url)
         return manifest.meta
+
+    def is_good(self, step: int) -> bool:
+        """Whether ``step`` is a committed, intact checkpoint of this run; ranks share the hashing."""
+        self._finish_pending()
+        good = self._good(step_url(self.run_dir_url, step))
+        if good:
+            self._verified_step = step
+        return good
 
     def mark_loaded(self, step: int) -> None:
         """The run's state is ``step`` (restored from elsewhere, e.g. a snapshot): the interval counts from it."""

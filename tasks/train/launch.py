@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psutil
 
-from tasks import datasets as contract
+from tasks import branches, datasets as contract
 from tasks.config import from_dict
 from tasks.lease import ENV_EPOCH, Lease, LeaseError, LeaseHeld, LeaseLost, LeaseRecord, acquire
 from tasks.train import goodput
@@ -370,6 +370,9 @@ def launch_training(
     rdzv_port: int | None = None,
     nnodes: str = "1",
     log: Callable[[str], None] = log.info,
+    resume_from: int | None = None,
+    skip_steps: tuple[int, int] | None = None,
+    branch_request: str | None = None,
 ) -> dict:
     """Train ``config`` (a TrainConfig as a dict) on ``data`` (name → tokens URL) with ``nproc``
     local ranks; returns {returncode, summary, seconds, restarts, lease_epoch}. The config, data and
@@ -384,7 +387,15 @@ def launch_training(
     or the caller's ``lease``, which the caller releases), renewing it every quarter of its timeout. The
     ranks get the lease's epoch (``SMELT_LEASE_EPOCH``) and check it before they commit; a launcher that
     loses its lease (not renewed in time: paused, partitioned; or taken over) stops its ranks and raises
-    LaunchError naming the newer holder."""
+    LaunchError naming the newer holder.
+
+    ``resume_from`` / ``skip_steps``: the ranks continue from that older checkpoint, the later ones kept as a
+    superseded branch, skipping the samples of steps A..B (``--resume-from``, tasks/branches.py); ``branch_request``
+    names the request (the flow run's id), so a retried launch continues its branch instead of branching again."""
+    branches.check_request(resume_from, skip_steps)
+    branch_args = [*(["--resume-from", str(resume_from)] if resume_from is not None else []),
+                   *(["--skip-steps", f"{skip_steps[0]}:{skip_steps[1]}"] if skip_steps else []),
+                   *(["--branch-request", branch_request] if branch_request and resume_from is not None else [])]
     if nproc < 1:
         raise ValueError(f"launch.nproc must be at least 1, got {nproc}")
     if restart not in RESTARTS:
@@ -399,7 +410,7 @@ def launch_training(
     try:
         with lease.keep_alive(on_lost=lambda _: lost.set()):
             result = _launch_leased(data, config, run_dir, nproc, max_restarts, timeout_s, restart, rdzv_port, nnodes,
-                                    log, lease.epoch, lost)
+                                    log, lease.epoch, lost, branch_args)
         lease.fence()
     except (LaunchError, LeaseLost):
         if lease.lost is not None:  # the ranks' failure is the lease's loss: say that, not "exited with status"
@@ -414,9 +425,11 @@ def launch_training(
 
 def _launch_leased(data: dict[str, str], config: dict, run_dir: str, nproc: int, max_restarts: int,
                    timeout_s: float | None, restart: str, rdzv_port: int | None, nnodes: str,
-                   log: Callable[[str], None], lease_epoch: int, stop: threading.Event) -> dict:
+                   log: Callable[[str], None], lease_epoch: int, stop: threading.Event,
+                   branch_args: list[str]) -> dict:
     """``launch_training`` once this launcher holds the run folder's lease."""
     args = prepare_run(data, config, run_dir, log_line=log)
+    args += branch_args  # --resume-from, --skip-steps: every restart of this launch passes them (tasks/branches.py)
     env = {ENV_EPOCH: str(lease_epoch)}  # the ranks fence their commits with it
     started = time.monotonic()
     goodput.append_event(run_dir, {"event": "launch", "time": time.time(), "host": socket.gethostname(),

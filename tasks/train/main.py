@@ -1,7 +1,7 @@
 """torchrun entry point: one process per rank trains (or resumes) the run in ``--run-dir``.
 
     torchrun ... -m tasks.train.main --config FILE.toml --data TOKENS_URL | --data name=URL ... \
-        --run-dir URL [--set key=value ...]
+        --run-dir URL [--set key=value ...] [--resume-from STEP [--skip-steps A:B]]
     python -m tasks.train.main --config FILE.toml --data URL --dry-run --nproc 8
     python -m tasks.train.main --config FILE.toml --dry-run --simulate-world 4096 [--rank R]
 
@@ -11,6 +11,10 @@ fake tensors, step it once under torch's memory tracker, and print its peak besi
 
 ``--spare`` (smelt's node agent, tasks/train/agent.py): import everything, wait on stdin for this
 process's rank, then train in generations, rejoining in process when a peer fails.
+
+``--resume-from STEP``: continue from that older retained checkpoint on any world size, the later
+checkpoints kept as a superseded branch; ``--skip-steps A:B`` also skips the samples steps A..B would
+train on (tasks/branches.py). A restarted rank of the same launch does not branch again.
 
 ``--config`` is a train config (TOML or JSON, any fsspec URL) or a run config whose ``[train]``
 section is used. ``--set optim.lr=3e-4`` overrides one key. A user mistake exits with status 2
@@ -28,6 +32,7 @@ import os
 import sys
 
 from tasks import datasets as contract
+from tasks.branches import parse_skip_steps
 from tasks.config import ConfigError, load
 from tasks.lease import Fenced
 from tasks.train.config import TrainConfig, parse_data
@@ -62,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, default=0, help="the rank --simulate-world builds (its mesh coordinates)")
     parser.add_argument("--spare", action="store_true",
                         help="a warm spare of smelt's node agent: wait on stdin for a rank (tasks/train/agent.py)")
+    parser.add_argument("--resume-from", type=int, metavar="STEP",
+                        help="continue from this retained checkpoint; the later ones become a superseded branch")
+    parser.add_argument("--skip-steps", metavar="A:B", help="with --resume-from: skip the samples of steps A..B")
+    parser.add_argument("--branch-request", help="with --resume-from: the request's id (a flow run's); a launch "
+                        "with the same id continues the branch it declared")
     args = parser.parse_args(argv)
     if not args.data and not (args.dry_run and args.simulate_world):
         parser.error("--data is required (unless --dry-run --simulate-world)")
@@ -86,9 +96,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.run_dir:
             raise ConfigError("--run-dir is required to train")
+        branch = {"resume_from": args.resume_from, "skip_steps": parse_skip_steps(args.skip_steps),
+                  "branch_request": args.branch_request}
         if args.spare:
-            return _train_in_generations(cfg, sources, args.run_dir)
-        trainer = Trainer(cfg, sources, args.run_dir)
+            return _train_in_generations(cfg, sources, args.run_dir, branch)
+        trainer = Trainer(cfg, sources, args.run_dir, **branch)
     except (ConfigError, ValueError, contract.DatasetError) as e:
         log.error("%s", e)
         return 2
@@ -122,7 +134,7 @@ def simulate(cfg: TrainConfig, data: list[str] | None, world_size: int, rank: in
             "difference": round(simulated.peak / planned["peak_bytes"] - 1, 4)}
 
 
-def _train_in_generations(cfg, sources: dict[str, str], run_dir: str) -> int:
+def _train_in_generations(cfg, sources: dict[str, str], run_dir: str, branch: dict) -> int:
     """Under smelt's agent: rebuild the trainer in this process after a peer fails (agent.run_rank)."""
     import torch
 
@@ -130,7 +142,7 @@ def _train_in_generations(cfg, sources: dict[str, str], run_dir: str) -> int:
     from tasks.train.trainer import Trainer
 
     def build_and_train() -> None:
-        trainer = Trainer(cfg, sources, run_dir)
+        trainer = Trainer(cfg, sources, run_dir, **branch)
         try:
             trainer.train()
         except BaseException:

@@ -29,13 +29,14 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from tasks import datasets as contract
+from tasks import branches, datasets as contract
 from tasks.lease import Fence, Fenced
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
 from tasks.train import goodput, hf, metrics, pipeline, watchdog
 from tasks.train.agent import GEN_ENV
 from tasks.train.callbacks import Callback, Callbacks
+from tasks.checkpoints import is_committed, step_dirs, step_url
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import DataConfig, TrainConfig
 from tasks.train.cross_entropy import token_cross_entropy, token_sum_cross_entropy
@@ -172,12 +173,17 @@ class Trainer:
     starts, for goodput), ``skipped.jsonl`` (loss-guard rollbacks), ``stragglers.json`` and
     ``<run_dir>/summary.json``. A progress watchdog exits a rank whose steps stop (watchdog.py).
     ``callbacks`` act at fixed points of each step (tasks/train/callbacks.py), after the config's faults.
+    ``resume_from``: continue from this older retained checkpoint, the later ones kept as a superseded
+    branch, optionally skipping the samples of steps ``skip_steps`` (A, B) (tasks/branches.py).
     """
 
     def __init__(self, cfg: TrainConfig, datasets: dict[str, str], run_dir: str,
-                 callbacks: list[Callback] | None = None) -> None:
+                 callbacks: list[Callback] | None = None, *, resume_from: int | None = None,
+                 skip_steps: tuple[int, int] | None = None, branch_request: str | None = None) -> None:
         started_at = time.time()
+        branches.check_request(resume_from, skip_steps)
         self.cfg = cfg
+        self.resume_from, self.skip_steps, self.branch_request = resume_from, skip_steps, branch_request
         self._extra_callbacks = list(callbacks or [])
         self.run_dir = contract.normalize_url(run_dir)
         self.datasets = dict(datasets)
@@ -301,8 +307,10 @@ class Trainer:
 
     def _resume(self) -> int | None:
         """Restore the newest state: a snapshot from memory when every rank has one at least as new as
-        the newest storage checkpoint (snapshot.py), else that checkpoint; the step, or None for a new run."""
+        the newest storage checkpoint (snapshot.py), else that checkpoint; the step, or None for a new run.
+        ``--resume-from`` first moves the checkpoints after its step to a superseded branch (``_branch``)."""
         started = time.time()
+        branch = self._branch()
         stored = self.checkpointer.latest_step()
         restored = None
         if self.snapshots is not None:
@@ -319,11 +327,89 @@ class Trainer:
             event = {"source": "storage", "step": stored, "seconds": round(time.time() - started, 3),
                      "refused": self.snapshots.refused if self.snapshots is not None else []}
             log.info("resumed from checkpoint step %d (%d tokens seen)", self.state.step, self.state.tokens)
+        if branch is not None:
+            self._skip_branch_steps(branch, None if event is None else event["step"])
+            if event is not None and branch["group"] == self._starts:
+                event["branch"] = branch["branch"]
         self._fenced_on_rank0(lambda: self.fence.adopt(0 if event is None else event["step"]))
         if event is not None and self.rank == 0:
             goodput.append_event(self.run_dir, {"event": "restore", "time": time.time(), "world_size": self.world_size,
                                                 **event})
         return None if event is None else event["step"]
+
+    def _branch(self) -> dict | None:
+        """``--resume-from STEP`` (tasks/branches.py): once per launch, check that STEP is a good checkpoint and
+        have rank 0 move the later ones to a superseded branch; the record in force (None without a request).
+        Snapshots of an older trajectory never restore: the branch count is part of their identity."""
+        records, self._starts = self._from_rank0(lambda: (
+            branches.read(self.run_dir),
+            sum(1 for e in goodput.read_jsonl(self.run_dir, goodput.EVENTS) if e.get("event") == "start")))
+        record = None
+        if self.resume_from is not None:
+            step = self.resume_from
+            record = branches.served(records, step, self.skip_steps, request=self.branch_request,
+                                     epoch=self.fence.epoch, restarted=restart_count() > 0)
+            if record is None and not self.checkpointer.is_good(step):
+                kept = ", ".join(map(str, step_dirs(self.run_dir))) or "none"
+                raise ValueError(f"--resume-from {step}: {step_url(self.run_dir, step)} is not a committed, intact "
+                                 f"checkpoint (step folders here: {kept}); choose a retained one")
+            if record is None or not record["complete"]:
+                def move() -> dict:
+                    self.fence.check()  # a launch taken over moves nothing
+                    if record is not None:
+                        return branches.finish(self.run_dir, record)
+                    dirs = step_dirs(self.run_dir)
+                    later = {s: url for s, url in dirs.items() if s > step}
+                    return branches.declare(self.run_dir, step, later, {s for s, u in later.items() if is_committed(u)},
+                                            skip_steps=self.skip_steps, request=self.branch_request,
+                                            epoch=self.fence.epoch, group=self._starts)
+                record = self._from_rank0(move)
+                if self.snapshots is not None:
+                    self.snapshots.drop_after(step)  # the abandoned steps' snapshots free the nodes' memory
+                records = [r for r in records if r["branch"] != record["branch"]] + [record]
+        if self.snapshots is not None and records:
+            self.snapshots.identity["branch"] = len(records)
+        return record
+
+    def _skip_branch_steps(self, branch: dict, restored: int | None) -> None:
+        """``--skip-steps A:B``: record, once, the samples steps A..B would train on after the branch's step as a
+        skipped window (``skipped.jsonl``), which the loader then moves past."""
+        if not branch["skip_steps"] or branch["skip_samples"] is not None:
+            return
+        if restored != branch["from_step"]:
+            raise RuntimeError(f"branch {branch['branch']} skips steps {branch['skip_steps']} after step "
+                               f"{branch['from_step']}, but the run resumed from {restored}")
+        existing = SkipList(self.run_dir, writer=False).ranges
+        a, b = branches.skip_window(self.loader.samples_consumed, restored, tuple(branch["skip_steps"]),
+                                    self.batch.global_batch, [(r.start, r.end) for r in existing])
+
+        def write() -> None:
+            self.fence.check()
+            if not any((r.start, r.end, r.reason) == (a, b, branches.SKIP_REASON) for r in existing):
+                SkipList(self.run_dir, writer=True).add(
+                    SkippedRange(a, b, branch["skip_steps"][0], restored, branches.SKIP_REASON, None))
+            branches.update(self.run_dir, {**branch, "skip_samples": [a, b]})
+        self._fenced_on_rank0(write)
+        log.warning("branch %d: skipping samples [%d, %d) of steps %d..%d", branch["branch"], a, b, *branch["skip_steps"])
+
+    def _from_rank0(self, make: Callable[[], object]) -> object:
+        """``make()`` on rank 0, its value on every rank; its Fenced or other failure raised on every rank."""
+        box: list = [None]
+        if self.rank == 0:
+            try:
+                box[0] = ("ok", make())
+            except Fenced as e:
+                box[0] = ("fenced", str(e))
+            except Exception as e:  # noqa: BLE001 - every rank must stop, not wait for a broadcast
+                box[0] = ("error", f"{type(e).__name__}: {e}")
+        if self.world_size > 1:
+            dist.broadcast_object_list(box, src=0)
+        kind, value = box[0]
+        if kind == "fenced":
+            raise Fenced(value, self.fence.epoch, None)
+        if kind == "error":
+            raise RuntimeError(f"rank 0 failed: {value}")
+        return value
 
     def _fenced_on_rank0(self, write: Callable[[], object]) -> None:
         """Run a fenced ``write`` on rank 0 and raise its ``Fenced`` on every rank, so all stop together."""
