@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 import pytest
@@ -53,24 +52,46 @@ def test_a_stopped_process_on_this_host_is_killed_but_a_recycled_pid_is_not():
 
 
 def test_a_loop_that_stops_stepping_exits_with_the_hang_code_naming_its_step():
+    """The watchdog reads a clock the script moves (its polls are real): two steps of 0.75 s, then 0.75 s without
+    a step, which it must see and survive, then 1.5 s, past the 1 s limit. A loaded machine changes nothing."""
     script = textwrap.dedent("""
-        import logging, sys, time
+        import logging, sys, threading, time
         logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+        from tasks.train import watchdog
         from tasks.train.config import WatchdogConfig
-        from tasks.train.watchdog import ProgressWatchdog
-        dog = ProgressWatchdog(WatchdogConfig(hang_timeout_s=1.0, startup_timeout_s=10.0), rank=0, world_size=1).start()
+
+        class Clock:
+            def __init__(self):
+                self.now, self.polls, self.changed = 1000.0, 0, threading.Condition()
+            def monotonic(self):
+                with self.changed:
+                    if threading.current_thread().name.startswith("smelt-watchdog"):
+                        self.polls += 1
+                        self.changed.notify_all()
+                    return self.now
+            def __getattr__(self, name):
+                return getattr(time, name)
+
+        clock = watchdog.time = Clock()
+        dog = watchdog.ProgressWatchdog(WatchdogConfig(hang_timeout_s=1.0, startup_timeout_s=10.0), rank=0,
+                                        world_size=1).start()
         for step in (1, 2):
-            time.sleep(0.3)
+            clock.now += 0.75
             dog.beat(step)
-        time.sleep(30)
+        with clock.changed:
+            clock.now += 0.75
+            seen = clock.polls
+            assert clock.changed.wait_for(lambda: clock.polls >= seen + 2, timeout=30), "the watchdog never polled"
+        print("alive 0.75 s after step 2", flush=True)
+        clock.now += 0.75
+        threading.Event().wait(30)
     """)
-    started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": REPO})
-    assert done.returncode == HANG_EXIT_CODE, done.stderr
-    assert "watchdog: rank 0 finished no step for" in done.stderr
-    assert "stuck in step 3 (last finished step 2)" in done.stderr
-    assert time.monotonic() - started < 25
+    assert done.returncode == HANG_EXIT_CODE, done.stdout + done.stderr
+    assert done.stdout == "alive 0.75 s after step 2\n"
+    assert "watchdog: rank 0 finished no step for 1.5 s (limit 1 s): stuck in step 3 (last finished step 2)" \
+        in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("field", ["collective_timeout_s", "hang_timeout_s", "startup_timeout_s"])
