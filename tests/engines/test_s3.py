@@ -25,12 +25,13 @@ from tasks.train.export import export_checkpoint
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import launch_training
 from tests.engines.conftest import BUCKET
+from tests.flows.tiny_run import TINY_RUN
 from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 PAGES = 150  # the smallest crawl that still feeds every stage
-RUN = ["train.steps=2", "train.checkpoint.interval_steps=2", "launch.nproc=1"]
+RUN = [*TINY_RUN, "train.steps=2", "train.checkpoint.interval_steps=2", "launch.nproc=1"]
 TINY = {"model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
         "data": {"seq_len": 16, "global_batch": 8}, "parallel": {"dp_shard": 2}}
 

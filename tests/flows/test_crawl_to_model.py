@@ -17,11 +17,12 @@ from tasks.checkpoints import list_committed
 from tasks.dedup.normalize import normalize_text
 from tasks.sample.code import load_code_ground_truth
 from tasks.sample.crawl import load_ground_truth
+from tests.flows.tiny_run import TINY_RUN
 
 pytestmark = pytest.mark.slow
 
 # Small enough for 2 cores, large enough to cross a checkpoint before the kill.
-OVERRIDES = ["train.steps=16", "train.checkpoint.interval_steps=8", "train.log_every=4", "launch.nproc=2"]
+OVERRIDES = [*TINY_RUN, "train.steps=16", "train.checkpoint.interval_steps=8", "train.log_every=4", "launch.nproc=2"]
 
 
 def stage(summary: dict, name: str) -> dict:

@@ -20,11 +20,12 @@ import pytest
 
 from flows import local_server
 from tasks import datasets
+from tests.flows.tiny_run import TINY_RUN
 
 pytestmark = pytest.mark.slow
 
-TRAIN = ["train.steps=8", "train.checkpoint.interval_steps=4", "train.checkpoint.keep_last=10", "train.log_every=4",
-         "launch.nproc=1", "launch.task_retries=0", "launch.max_restarts=0"]
+TRAIN = [*TINY_RUN, "train.steps=8", "train.checkpoint.interval_steps=4", "train.checkpoint.keep_last=10",
+         "train.log_every=4", "launch.nproc=1", "launch.task_retries=0", "launch.max_restarts=0"]
 FAULT = "train.faults.inject=kill:rank=0,step=6"  # after the step-4 checkpoint committed
 # The retried run is a run of its own: another init seed is another identity (a fault spec alone is not, and
 # would continue the first run's finished folder: tasks/train/identity.py).

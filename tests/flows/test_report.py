@@ -15,10 +15,11 @@ import pytest
 from tasks import datasets, jsonlog
 from tasks.report.page import SECTIONS
 from tests.flows.browser import CHROMIUM, open_page
+from tests.flows.tiny_run import TINY_RUN
 
 pytestmark = pytest.mark.slow
 
-OVERRIDES = ["train.steps=16", "train.checkpoint.interval_steps=4", "train.log_every=4", "launch.nproc=2",
+OVERRIDES = [*TINY_RUN, "train.steps=16", "train.checkpoint.interval_steps=4", "train.log_every=4", "launch.nproc=2",
              "train.faults.inject=kill:rank=1,step=7", "train.stragglers.every_steps=2"]
 
 
