@@ -14,8 +14,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import psutil
 import pytest
 
 from flows import local_server
@@ -161,7 +164,28 @@ def test_a_failed_run_retried_from_the_ui_reuses_the_data_and_resumes_training(r
     assert list((run_dir / "faults").iterdir()), "the fault fired in the first attempt"
 
 
-def test_eval_deployment_runs_once_per_committed_checkpoint_under_the_runs_root(retried_run, server, root):
+def flow_run_processes(run_ids: set[str]) -> list[psutil.Process]:
+    """Live processes of these flow runs (the worker gives each its run's id in PREFECT__FLOW_RUN_ID); an exited,
+    unreaped one is not live."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("PREFECT__FLOW_RUN_ID") in run_ids:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def events_named(api: Api, name: str) -> list[dict]:
+    window = {"since": (datetime.now(timezone.utc) - timedelta(days=1)).isoformat(),
+              "until": (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()}
+    page = api.call("POST", "/events/filter", {"filter": {"occurred": window, "event": {"name": [name]}}, "limit": 50})
+    assert page["total"] == len(page["events"]), page["total"]
+    return page["events"]
+
+
+def test_eval_deployment_runs_once_per_committed_checkpoint_under_the_runs_root(first_run, retried_run, server, root):
     _, api, _ = server
     committed = {}
     for run_dir in run_dirs(root):
@@ -175,7 +199,22 @@ def test_eval_deployment_runs_once_per_committed_checkpoint_under_the_runs_root(
         if len(runs) >= len(committed) and all(r["state_type"] in {"COMPLETED", "FAILED", "CRASHED"} for r in runs):
             break
         time.sleep(2)
-    time.sleep(5)  # a republished commit would have been triggered by now
+    # No commit is published twice: once every process that could publish one is gone, a marker event sent after
+    # them has been stored, so every event they sent has been too, and each commit has one event and one run.
+    crawl_runs = {first_run[0], retried_run[0]}
+    deadline = time.monotonic() + 60
+    while flow_run_processes(crawl_runs):
+        assert time.monotonic() < deadline, f"crawl-to-model processes still running: {flow_run_processes(crawl_runs)}"
+        time.sleep(0.5)
+    marker = f"smelt.test.marker.{uuid.uuid4()}"
+    api.call("POST", "/events", [{"id": str(uuid.uuid4()), "occurred": datetime.now(timezone.utc).isoformat(),
+                                  "event": marker, "resource": {"prefect.resource.id": marker}}])
+    deadline = time.monotonic() + 60
+    while not events_named(api, marker):
+        assert time.monotonic() < deadline, "the marker event was not stored within 60 s"
+        time.sleep(0.5)
+    published = [e["payload"]["url"] for e in events_named(api, "smelt.checkpoint.committed")]
+    assert sorted(published) == sorted(committed)
     runs = api.runs_of("eval/eval")
     assert sorted(r["parameters"]["checkpoint"] for r in runs) == sorted(committed)
     assert {r["state_type"] for r in runs} == {"COMPLETED"}
