@@ -7,6 +7,7 @@ smaller sample than the demo's (the flow finds it under <root>/sample and does n
 data stages are computed once and quickly; training is tiny (one rank, 8 steps, a checkpoint every 4).
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -350,26 +351,30 @@ def test_a_run_marked_crashed_while_training_is_retried_and_the_retry_waits_for_
     [marker] = markers
     run_dir, rank_pid = marker.parents[1], json.loads(marker.read_text())["pid"]
 
-    api.call("POST", f"/flow_runs/{run_id}/set_state", {"state": {"type": "CRASHED"}, "force": True})
-    api.call("POST", f"/flow_runs/{run_id}/set_state", {"state": {"type": "SCHEDULED", "name": "AwaitingRetry"},
-                                                        "force": True})  # the UI's Retry button
+    try:
+        api.call("POST", f"/flow_runs/{run_id}/set_state", {"state": {"type": "CRASHED"}, "force": True})
+        api.call("POST", f"/flow_runs/{run_id}/set_state", {"state": {"type": "SCHEDULED", "name": "AwaitingRetry"},
+                                                            "force": True})  # the UI's Retry button
 
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while not logged(api, run_id, "waiting for the run folder's lease"):
-        assert time.monotonic() < deadline, f"the retry never reached the run folder's lease: {history(api, run_id)}"
-        time.sleep(1)
-    os.kill(rank_pid, signal.SIGCONT)  # the first attempt's trainer goes on and finishes the run
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not logged(api, run_id, "waiting for the run folder's lease"):
+            assert time.monotonic() < deadline, f"the retry never reached the run folder's lease: {history(api, run_id)}"
+            time.sleep(1)
+        os.kill(rank_pid, signal.SIGCONT)  # the first attempt's trainer goes on and finishes the run
 
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while not (run_dir / "manifest.json").exists() or api.state(run_id) not in {"COMPLETED", "FAILED", "CRASHED"}:
-        assert time.monotonic() < deadline, api.state(run_id)
-        time.sleep(2)
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events].count("launch") == 1, events  # one trainer, ever
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 9))
-    assert api.wait(run_id, {"COMPLETED"}) == "COMPLETED"
-    assert logged(api, run_id, f"train: reusing finished run {datasets.normalize_url(str(run_dir))}")
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not (run_dir / "manifest.json").exists() or api.state(run_id) not in {"COMPLETED", "FAILED", "CRASHED"}:
+            assert time.monotonic() < deadline, api.state(run_id)
+            time.sleep(2)
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        assert [e["event"] for e in events].count("launch") == 1, events  # one trainer, ever
+        steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert steps == list(range(1, 9))
+        assert api.wait(run_id, {"COMPLETED"}) == "COMPLETED"
+        assert logged(api, run_id, f"train: reusing finished run {datasets.normalize_url(str(run_dir))}")
+    finally:  # never leave the stopped rank behind, whatever failed
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank_pid, signal.SIGCONT)
 
 
 def history(api: Api, run_id: str) -> list[str]:
