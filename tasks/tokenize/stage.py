@@ -76,21 +76,22 @@ class _SplitBuffer:
         return np.concatenate(self.tokens), np.concatenate(self.starts)
 
 
-def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, cfg: TokenizeConfig,
+def tokenize_shard(item: tuple[int, str, datasets.ShardInfo, str], output_url: str, cfg: TokenizeConfig,
                    ids: dict[str, int | None], tokenizer_sha256: str) -> datasets.ShardResult:
-    """Encode document shard ``item = (n, url, shard info)`` into the train/val token shards numbered ``n``;
-    ``ids`` are the special tokens' (``special_ids``).
+    """Encode document shard ``item = (n, url, shard info, documents fingerprint)`` into the train/val token
+    shards numbered ``n``; ``ids`` are the special tokens' (``special_ids``). The lineage names the documents
+    dataset by fingerprint, not URL, so a moved dataset writes the same bytes (the tokens manifest's
+    lineage inputs map it to a URL).
 
     Stats: ``in``, ``out`` (documents encoded), ``docs.<split>``, ``tokens.<split>``, ``bytes.text``,
     ``dropped.empty_text``.
     """
-    number, url, shard = item
+    number, url, shard, documents_fp = item
     tokenizer = _tokenizer(datasets.join(output_url, TOKENIZER_FILE), tokenizer_sha256)
     bos_id = ids["bos_id"] if cfg.add_bos else None
     dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
     stats = datasets.Stats()
     buffers = {split: _SplitBuffer() for split in SPLITS}
-    documents_url = url[: -len(shard.name) - 1]  # shard_url = <dataset>/<name>
     row = 0
     for batch in iter_document_batches(url, shard, ["text", *CARRIED], cfg.batch_docs):
         texts: dict[str, list[str]] = {split: [] for split in SPLITS}
@@ -107,7 +108,7 @@ def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, c
             lineage = buffers[split].lineage
             for name in CARRIED:
                 lineage[name].append(carried[name][i])
-            lineage["documents"].append(documents_url)
+            lineage["documents"].append(documents_fp)
             lineage["shard"].append(shard.name)
             lineage["row"].append(row - 1)
             lineage["text_bytes"].append(len(text.encode("utf-8")))
@@ -131,7 +132,7 @@ def tokenize_shard(item: tuple[int, str, datasets.ShardInfo], output_url: str, c
     return datasets.ShardResult(shards, stats)
 
 
-def _run_item(item: tuple[int, str, datasets.ShardInfo], output_url: str, cfg: TokenizeConfig,
+def _run_item(item: tuple[int, str, datasets.ShardInfo, str], output_url: str, cfg: TokenizeConfig,
               ids: dict[str, int | None], tokenizer_sha256: str) -> datasets.ShardResult:
     work = functools.partial(tokenize_shard, item, output_url, cfg, ids, tokenizer_sha256)
     return datasets.run_shard(output_url, f"docs-{item[0]:05d}", work)
@@ -171,7 +172,7 @@ def run_tokenize(
     if cfg.add_bos and ids["bos_id"] is None:
         raise ValueError(f"tokenize.add_bos is set but the tokenizer has no {special.bos_token!r} token")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    items = [(n, datasets.shard_url(m, s), s) for n, (m, s) in enumerate(document_shards(inputs))]
+    items = [(n, datasets.shard_url(m, s), s, m.fingerprint) for n, (m, s) in enumerate(document_shards(inputs))]
     work = functools.partial(_run_item, output_url=output_url, cfg=cfg, ids=ids, tokenizer_sha256=tokenizer_sha256)
     results = map_fn(work, items, label="tokenize")
     stats = sum((r.stats for r in results), datasets.Stats())

@@ -120,7 +120,7 @@ class Documents:
                     dataset=stream.name, tokens_dataset=stream.manifest.meta["url"], shard=stream.shards[i].name,
                     stream_tokens=[base + max(lo, doc_start), base + min(hi, doc_end)],
                     doc_tokens=[max(lo, doc_start) - doc_start, min(hi, doc_end) - doc_start],
-                    doc_length=doc_end - doc_start, documents=lin["documents"][j],
+                    doc_length=doc_end - doc_start, documents=self._documents_url(k, lin["documents"][j]),
                     documents_shard=lin["shard"][j], row=lin["row"][j], text_bytes=lin["text_bytes"][j],
                     _at=(k, i, j),
                 )
@@ -169,6 +169,13 @@ class Documents:
         if k not in self._tokenizers:
             self._tokenizers[k] = load_tokenizer(datasets.join(self.stream(k).manifest.meta["url"], TOKENIZER_FILE))
         return self._tokenizers[k]
+
+    def _documents_url(self, k: int, documents: str) -> str:
+        """A lineage row's documents dataset (its fingerprint) as the URL the tokens manifest recorded for it."""
+        if "://" in documents:  # lineage written before datasets were named by fingerprint
+            return documents
+        inputs = self.stream(k).manifest.lineage.get("inputs", [])
+        return next((i["url"] for i in inputs if i.get("fingerprint") == documents), documents)
 
     def _text(self, documents: str, shard: str, row: int) -> str | None:
         key = (documents, shard)

@@ -25,7 +25,7 @@ def test_each_lineage_row_names_its_source_row_and_its_exact_token_range(tmp_pat
         assert lineage.column("token_start").to_pylist() == starts.tolist()
         for row in lineage.to_pylist():
             source = sources[row["shard"]][row["row"]]
-            assert row["documents"] == docs.meta["url"] and row["id"] == source["id"]
+            assert row["documents"] == docs.fingerprint and row["id"] == source["id"]
             assert row["text_bytes"] == len(source["text"].encode())
             doc = array[row["token_start"]: row["token_start"] + row["tokens"]]
             want = tokenizer.encode(source["text"], add_special_tokens=False).ids + [tokens.meta["eos_id"]]
