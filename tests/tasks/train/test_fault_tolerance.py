@@ -121,8 +121,9 @@ def test_the_summary_of_a_run_with_restarts_splits_its_wall_time(killed):
     split = json.loads((run_dir / "summary.json").read_text())["goodput"]
     assert split == result["summary"]["goodput"]
     assert (split["process_groups"], split["restarts"], split["rollbacks"]) == (5, 4, 0)
-    # Step 3 is redone after the first kill, 5 after the second, 9 and 10 (maybe 11) after the crash in save.
-    assert split["lost_steps"][:4] == [3, 5, 9, 10] and set(split["lost_steps"]) <= {3, 5, 9, 10, 11}
+    # Step 3 is redone after the first kill, 5 after the second, 9 after the crash in step 10's save, and 10 (maybe
+    # 11) too when its metrics record landed before the save's commit thread ended the process.
+    assert split["lost_steps"][:3] == [3, 5, 9] and set(split["lost_steps"]) <= {3, 5, 9, 10, 11}
     assert split["steps_kept"] == TINY["steps"]
     parts = ["productive_s", "checkpoint_s", "init_s", "restart_s", "lost_s"]
     assert all(split[p] > 0 for p in parts), split
