@@ -87,12 +87,8 @@ def reuse_or_run(stage: str, url: str, fp: str, compute: Callable[[], datasets.M
 
 def _stage_lease(stage: str, url: str, log: Callable[[str], None]) -> Lease:
     """The lease on a stage's output folder, waiting (without bound) while another run holds it."""
-    said: list[bool] = []
-
     def on_wait(held: LeaseRecord) -> None:
-        if not said:
-            log(f"{stage}: another run is computing {url} ({held.describe()}); waiting for its manifest")
-            said.append(True)
+        log(f"{stage}: another run is computing {url} ({held.describe()}); waiting for its manifest")
 
     return acquire(url, timeout_s=STAGE_LEASE_TIMEOUT_S, wait=True, on_wait=on_wait)
 

@@ -501,7 +501,7 @@ def acquire(run_dir: str, holder: Holder | None = None, timeout_s: float = 60.0,
 
     A held lease raises ``LeaseHeld`` at once, or, with ``wait`` seconds (``True``: no bound), after
     polling every ``poll_s`` until it is released, expires or its holder's process is gone;
-    ``on_wait(record)`` is called before each wait (a launcher prints "waiting for …" once). The
+    ``on_wait(record)`` is called once per holder waited for (a launcher prints "waiting for …"). The
     returned ``Lease`` has the new epoch: the previous one plus one."""
     if timeout_s <= 0:
         raise LeaseError(f"a lease timeout must be positive, not {timeout_s}")
@@ -510,6 +510,7 @@ def acquire(run_dir: str, holder: Holder | None = None, timeout_s: float = 60.0,
     budget = float("inf") if wait is True else float(wait or 0)
     start = _monotonic()
     current = _newest(store)
+    told: set[int] = set()  # the epochs on_wait was called for
     while True:
         how = current.ended_how() if current else "none"
         if how is not None:
@@ -529,7 +530,8 @@ def acquire(run_dir: str, holder: Holder | None = None, timeout_s: float = 60.0,
         waited = _monotonic() - start
         if waited + poll_s > budget:
             raise LeaseHeld(_held_message(url, current, waited if budget else None), current)
-        if on_wait is not None:
+        if on_wait is not None and current.epoch not in told:
+            told.add(current.epoch)
             on_wait(current)
         time.sleep(poll_s)
         current = _newest(store, current.epoch)

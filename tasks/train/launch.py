@@ -36,7 +36,7 @@ import psutil
 
 from tasks import branches, datasets as contract
 from tasks.config import from_dict
-from tasks.lease import ENV_EPOCH, Lease, LeaseError, LeaseHeld, LeaseLost, LeaseRecord, acquire
+from tasks.lease import ENV_EPOCH, Lease, LeaseError, LeaseHeld, LeaseLost, acquire
 from tasks.train import goodput
 from tasks.train.config import TrainConfig
 
@@ -342,15 +342,9 @@ def take_run_lease(run_dir: str, *, wait_s: float = 0.0, timeout_s: float = LEAS
                    log: Callable[[str], None] = log.info) -> Lease:
     """The run folder's lease (tasks/lease.py) for one launcher, to be renewed within ``timeout_s``; another
     launcher holding it is a LaunchError naming it, at once or after waiting ``wait_s``."""
-    said: set[int] = set()
-
-    def on_wait(held: LeaseRecord) -> None:  # once per holder, not every poll
-        if held.epoch not in said:
-            said.add(held.epoch)
-            log(f"waiting for the run folder's lease: {held.describe()}")
-
     try:
-        return acquire(contract.normalize_url(run_dir), timeout_s=timeout_s, wait=wait_s, on_wait=on_wait)
+        return acquire(contract.normalize_url(run_dir), timeout_s=timeout_s, wait=wait_s,
+                       on_wait=lambda held: log(f"waiting for the run folder's lease: {held.describe()}"))
     except LeaseHeld as e:
         raise LaunchError(str(e), permanent=True) from None
 

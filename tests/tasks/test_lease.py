@@ -322,3 +322,12 @@ def test_on_s3_a_renewal_over_a_record_someone_else_rewrote_is_refused(new_run):
     with pytest.raises(LeaseLost, match="rewritten by another process") as e:
         held.renew()  # If-Match on the ETag of its own last write no longer matches
     assert one_sentence(str(e.value))
+
+
+def test_a_waiting_acquirer_is_told_once_per_holder_not_every_poll():
+    run = f"memory://lease-told-{time.time_ns()}"
+    lease.acquire(run, racer(0), timeout_s=60)
+    told = []
+    with pytest.raises(LeaseHeld):
+        lease.acquire(run, racer(1), timeout_s=60, wait=0.2, poll_s=0.02, on_wait=told.append)
+    assert [record.epoch for record in told] == [1]  # about ten polls, one message
