@@ -4,8 +4,9 @@ Every rank times each step in two parts: *compute*, from the step's start to its
 step-end all-reduce of the loss (less any time blocked on a checkpoint), and *wait*, the time
 spent in that all-reduce, which every rank leaves together. The first step of a process group
 (allocation, warm-up) is not timed. A slow rank arrives late and hardly waits; the others wait for it. Every
-``every_steps`` steps all ranks all-gather their window sums (three floats each); rank 0 flags a
-rank whose mean compute exceeds the median of all ranks by more than ``margin`` (a fraction) for
+``every_steps`` steps all ranks all-gather three floats each: the window's median step compute (one
+step that a descheduled process or a collector pause stretched does not move it), mean wait, and
+steps timed; rank 0 flags a rank whose compute exceeds the median of all ranks by more than ``margin`` (a fraction) for
 ``consecutive_windows`` windows in a row, once per run for a rank on a host (a window in which a
 noisy step hides it does not make it a new straggler when its streak starts again). The median is
 not moved by one straggler among three or more ranks; with two ranks it is their mean, so a margin
@@ -66,27 +67,28 @@ class StragglerDetector:
         self.streak = [0] * world_size
         self.flagged: list[dict] = self._earlier_flags() if self.enabled and rank == 0 else []
         self.windows: deque[dict] = deque(maxlen=KEPT_WINDOWS)
-        self._sums = [0.0, 0.0, 0.0]  # compute seconds, wait seconds, steps
+        self._computes: list[float] = []  # this window's step compute seconds
+        self._wait_s = 0.0
         self._warm = False
 
     def observe(self, compute_s: float, wait_s: float) -> None:
         if not self._warm:
             self._warm = True
             return
-        self._sums[0] += compute_s
-        self._sums[1] += wait_s
-        self._sums[2] += 1
+        self._computes.append(compute_s)
+        self._wait_s += wait_s
 
     def maybe_check(self, step: int) -> dict:
         """At the end of a window: gather, judge, report; returns metric fields (rank 0) or {}."""
         if not self.enabled or step % self.cfg.every_steps:
             return {}
+        steps = len(self._computes)
+        mine = [statistics.median(self._computes) if steps else 0.0, self._wait_s / max(steps, 1), float(steps)]
         parts = [torch.zeros(3, dtype=torch.float64) for _ in range(self.world_size)]
-        dist.all_gather(parts, torch.tensor(self._sums, dtype=torch.float64))
+        dist.all_gather(parts, torch.tensor(mine, dtype=torch.float64))
         gathered = torch.stack(parts)
-        self._sums = [0.0, 0.0, 0.0]
-        steps = gathered[:, 2].clamp(min=1)
-        compute, wait = (gathered[:, 0] / steps).tolist(), (gathered[:, 1] / steps).tolist()
+        self._computes, self._wait_s = [], 0.0
+        compute, wait = gathered[:, 0].tolist(), gathered[:, 1].tolist()
         ratios, slow = compare_to_median(compute, self.cfg.margin)
         self.streak = [self.streak[r] + 1 if r in slow else 0 for r in range(self.world_size)]
         if self.rank != 0:

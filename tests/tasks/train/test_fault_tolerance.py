@@ -161,8 +161,10 @@ def test_a_stopped_rank_is_named_killed_and_the_group_restarts_within_the_hang_t
 @pytest.fixture(scope="module")
 def nan_and_slow(corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("nan_and_slow")
+    # Windows of 3 steps (a window's compute is its median step), 2 in a row: one window that load on 2 shared
+    # cores hides still leaves the flag within three windows.
     cfg = config("nan:step=7;slow:rank=1,factor=3", checkpoint={"interval_steps": 4},
-                 stragglers={"write_exclude_list": True})
+                 stragglers={"write_exclude_list": True, "every_steps": 3, "consecutive_windows": 2})
     result, lines = launch(corpus, run_dir, cfg)
     return run_dir, result["summary"], lines
 
@@ -185,7 +187,7 @@ def test_a_rank_three_times_slower_is_flagged_within_three_windows(nan_and_slow)
     run_dir, summary, lines = nan_and_slow
     report = json.loads((run_dir / "stragglers.json").read_text())
     assert [(f["rank"], f["host"]) for f in report["flagged"]] == [(1, socket.gethostname())]
-    assert report["flagged"][0]["step"] <= 3 * TINY["stragglers"]["every_steps"]
+    assert report["flagged"][0]["step"] <= 3 * report["every_steps"]
     assert summary["stragglers"] == report["flagged"]
     assert any("straggler: rank 1 on" in line for line in lines)
     assert excluded_hosts(str(run_dir)) == [socket.gethostname()]  # for the next launch (elastic: without it)

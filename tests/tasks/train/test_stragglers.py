@@ -50,3 +50,21 @@ def test_a_straggler_whose_streak_breaks_and_starts_again_is_flagged_once(tmp_pa
     report = json.loads((tmp_path / "stragglers.json").read_text())
     assert [(f["rank"], f["step"]) for f in report["flagged"]] == [(1, 2)]
     assert [w["slow"] for w in report["windows"]] == [[1], [1], [], [1], [1], [1]]
+
+
+def _stretched_step_worker(rank: int, run_dir: str) -> None:
+    detector = StragglerDetector(StragglerConfig(every_steps=3, consecutive_windows=1), run_dir, rank=rank,
+                                 world_size=2)
+    detector.observe(1.0, 0.0)  # the untimed first step
+    for compute in ([1.0, 1.0, 10.0] if rank == 0 else [3.0, 3.0, 3.0]):
+        detector.observe(compute, 0.0)
+    detector.maybe_check(3)
+
+
+def test_one_stretched_step_on_a_healthy_rank_neither_hides_the_straggler_nor_flags_the_healthy_rank(tmp_path):
+    """A window's compute is its median step: rank 0's one 10 s step (descheduled, a collector pause) would
+    make its mean 4 s against the straggler's 3 s; the median keeps 1 s against 3 s."""
+    run_ranks(2, _stretched_step_worker, str(tmp_path))
+    report = json.loads((tmp_path / "stragglers.json").read_text())
+    assert [f["rank"] for f in report["flagged"]] == [1]
+    assert report["windows"][0]["compute_s"] == [1.0, 3.0]
