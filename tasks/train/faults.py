@@ -17,6 +17,10 @@ Off unless asked for, by ``[train.faults] inject`` or the ``SMELT_FAULTS`` envir
     crash_in_save:step=10         every rank (rank=R: rank R) exits after the step-10 checkpoint's files
                                   are written and before its manifest (checkpoint.SMELT_FAULT_CRASH_IN_SAVE);
                                   step 10 must be a checkpoint step
+    hold:rank=0,step=12,replica=1 replica groups ([train.ft]; rank: replica id × group size + rank in the group):
+                                  at the start of step 12, before its quorum, the rank waits until replica
+                                  group 1 was restarted and is up again (a gate that keeps a survivor from
+                                  finishing the run before a restarted group is back, whatever the timing)
 
 Kills and stops at the start of a step first wait for earlier checkpoint saves to commit and earlier
 snapshots to be replicated, so the state a restart resumes from does not depend on timing. Every fault
@@ -34,6 +38,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,11 +52,12 @@ log = logging.getLogger(__name__)
 
 ENV = "SMELT_FAULTS"
 FAULTS_DIR = "faults"
-KINDS = ("kill", "stop", "slow", "nan", "crash_in_save", "corrupt_snapshot")
+KINDS = ("kill", "stop", "slow", "nan", "crash_in_save", "corrupt_snapshot", "hold")
 KILL_PHASES = ("step", "save", "saved", "snapshot", "replicate")
 _NEEDS = {"kill": ("rank", "step"), "stop": ("rank", "step"), "slow": ("rank", "factor"), "nan": ("step",),
-          "crash_in_save": ("step",), "corrupt_snapshot": ("rank", "step")}
-_KEYS = {"rank", "step", "factor", "at"}
+          "crash_in_save": ("step",), "corrupt_snapshot": ("rank", "step"), "hold": ("rank", "step", "replica")}
+_KEYS = {"rank", "step", "factor", "at", "replica"}
+HOLD_TIMEOUT_S = 300.0  # a hold whose gate never opens fails the rank instead of hanging the test
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class Fault:
     step: int | None = None
     factor: float = 1.0
     at: str = "step"
+    replica: int | None = None  # hold: the replica group waited for
 
     def marker(self, rank: int) -> str:
         """File name recording that this fault fired on ``rank``."""
@@ -91,9 +98,10 @@ def parse_faults(text: str) -> list[Fault]:
             raise ValueError(f"fault {entry!r}: at= is only for kill and must be one of {', '.join(KILL_PHASES)}")
         try:
             fault = Fault(kind, int(fields["rank"]) if "rank" in fields else None,
-                          int(fields["step"]) if "step" in fields else None, float(fields.get("factor", 1.0)), at)
+                          int(fields["step"]) if "step" in fields else None, float(fields.get("factor", 1.0)), at,
+                          int(fields["replica"]) if "replica" in fields else None)
         except ValueError:
-            raise ValueError(f"fault {entry!r}: rank and step must be integers, factor a number") from None
+            raise ValueError(f"fault {entry!r}: rank, step and replica must be integers, factor a number") from None
         if kind == "slow" and fault.factor < 1:
             raise ValueError(f"fault {entry!r}: factor must be >= 1 (3 means three times slower)")
         faults.append(fault)
@@ -120,12 +128,26 @@ class FaultInjector(Callback):
 
     # -- callback hooks, in the order a step meets them -------------------------------------------
 
-    def on_step_start(self, step: int, checkpointer) -> None:
-        """kill / stop at the start of ``step``, once earlier saves have committed."""
+    def on_step_start(self, step: int, checkpointer=None) -> None:
+        """kill / stop at the start of ``step``, once earlier saves (if any: replica groups keep none) committed."""
         for fault in self._due(step, ("kill", "stop", "corrupt_snapshot"), at="step"):
-            checkpointer.wait_for_commit()
+            if checkpointer is not None:
+                checkpointer.wait_for_commit()
             if self._snapshots is not None:
                 self._snapshots.wait()
+            self._fire(fault, step)
+
+    def on_hold(self, step: int, back: Callable[[int], bool]) -> None:
+        """hold at the start of ``step`` until ``back(replica)``: that group was restarted and is up again."""
+        for fault in self._due(step, ("hold",)):
+            log.warning("fault injection: rank %d holds at step %d until replica group %d is back", self.rank, step,
+                        fault.replica)
+            deadline = time.monotonic() + HOLD_TIMEOUT_S
+            while not back(fault.replica):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"hold at step {step}: replica group {fault.replica} was not back within "
+                                       f"{HOLD_TIMEOUT_S:.0f} s")
+                time.sleep(0.05)
             self._fire(fault, step)
 
     def on_loss(self, step: int, loss: torch.Tensor, params) -> torch.Tensor:

@@ -45,6 +45,7 @@ from tasks.train import metrics as train_metrics
 from tasks.train.config import TrainConfig
 from tasks.train.cross_entropy import token_sum_cross_entropy
 from tasks.train.data import TokenLoader
+from tasks.train.faults import FaultInjector
 from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.parallelize import check_model_fits, materialize, parallelize_model
@@ -57,6 +58,19 @@ QUORUM_RETRY_S = 0.2  # between quorum attempts while the Lighthouse is away
 
 def group_dir(run_dir: str, replica_id: int) -> str:
     return contract.join(contract.normalize_url(run_dir), "replicas", f"group-{replica_id}")
+
+
+def mark_up(run_dir: str, replica_id: int) -> None:
+    """Record that this start of the group is up (its Manager heartbeating): ``up/<pid>.json``, one per start."""
+    url = contract.join(group_dir(run_dir, replica_id), "up", f"{os.getpid()}.json")
+    with contract.atomic_write(url, "w") as f:
+        f.write(json.dumps({"pid": os.getpid(), "time": time.time()}))
+
+
+def restarted_and_up(run_dir: str, replica_id: int) -> bool:
+    """Whether the group was started again and that start is up (what a ``hold`` fault waits for)."""
+    fs, path = contract.filesystem(contract.join(group_dir(run_dir, replica_id), "up"))
+    return fs.exists(path) and len(fs.ls(path, detail=False)) >= 2
 
 
 def last_committed_step(run_dir: str, groups: int) -> int:
@@ -142,6 +156,13 @@ class ReplicaGroup:
         )
         self.metrics = train_metrics.MetricsLogger(group_dir(self.run_dir, replica_id), enabled=self.rank == 0)
         self.discarded = 0
+        self.faults = FaultInjector.from_config(cfg.faults, self.run_dir, replica_id * self.world_size + self.rank)
+        # A group started into a run that has committed steps must heal from a live peer before it commits one
+        # (else, alone in a quorum, it would train step 1 again from fresh weights).
+        self.joining = self._run_step_on_rank0() > 0
+        self._joining_since: float | None = None
+        if self.rank == 0:
+            mark_up(self.run_dir, replica_id)
 
     # -- what healing moves --------------------------------------------------------------------------
 
@@ -179,10 +200,15 @@ class ReplicaGroup:
     def step(self) -> dict | None:
         """Try the next optimizer step; its record if the group committed it, None if it was discarded."""
         start = time.perf_counter()
+        self.faults.on_step_start(self.manager.current_step() + 1)
+        self.faults.on_hold(self.manager.current_step() + 1, lambda g: restarted_and_up(self.run_dir, g))
         self._quorum()
         step = self.manager.current_step() + 1  # after healing: the peers' step
         if step > self.cfg.steps:  # healed from a peer that has finished the run
             return None
+        if self.joining and self.manager.current_step() == 0:
+            return self._vote_no_peer_yet()
+        self.joining = False
         participants, rank = self.manager.num_participants(), self.manager.participating_rank()
         shares = batch_shares(step, self.cfg.data.global_batch, self.micro, participants)
         mine = shares[rank] if rank is not None else (0, 0)
@@ -240,28 +266,39 @@ class ReplicaGroup:
             offset += g.numel()
         return float(flat[-1]) / self.global_tokens
 
-    def _check_not_alone_in_a_started_run(self, record: dict | None) -> bool:
-        """After the first quorum: a group with no peer to heal from, in a run whose groups already committed
-        steps, must not start the run over. True if the run is already finished (exit cleanly); raises if every
-        group was lost mid-run (the in-memory snapshots of the snapshot issue are not wired to replica groups)."""
-        done = last_committed_step(self.run_dir, self.cfg.parallel.dp_replicate)
-        if self.manager.current_step() > (1 if record else 0) or not done:
-            return False
-        if done >= self.cfg.steps:
-            log.info("group %d: the run finished (step %d) while this group was away", self.replica_id, done)
-            return True
-        raise RuntimeError(f"every replica group was lost: the run committed step {done} but no live group is "
-                           "left to heal from; resume the run from its storage checkpoint")
+    def _run_step_on_rank0(self) -> int:
+        """The run's newest committed step as rank 0 of the group read it, so the group's ranks act alike."""
+        step = [last_committed_step(self.run_dir, self.cfg.parallel.dp_replicate) if self.rank == 0 else 0]
+        if self.world_size > 1:
+            dist.broadcast_object_list(step, src=0)
+        return step[0]
+
+    def _vote_no_peer_yet(self) -> None:
+        """A joining group in a quorum with no peer ahead of it (its peers are mid-step, or held): vote the step
+        down without computing it and try the next quorum. Past ``ft.quorum_timeout_s`` of this, every group
+        was lost (the in-memory snapshots of the snapshot issue are not wired to replica groups)."""
+        if self._joining_since is None:
+            self._joining_since = time.monotonic()
+        self.manager.report_error(RuntimeError("joining: no live peer in this quorum to heal from"))
+        self.manager.should_commit()
+        self.manager._quorum_id = -1  # as after any discarded step (see step())
+        waited = time.monotonic() - self._joining_since
+        if waited > self.cfg.ft.quorum_timeout_s:
+            done = last_committed_step(self.run_dir, self.cfg.parallel.dp_replicate)
+            raise RuntimeError(f"every replica group was lost: the run committed step {done} but no live group "
+                               f"joined a quorum with this one in {waited:.0f} s; resume the run from its storage "
+                               "checkpoint")
+        time.sleep(self.cfg.ft.join_timeout_ms / 4000)  # well inside the Lighthouse's wait for a healthy joiner
+        return None
 
     def train(self) -> int:
         """Step until the run's last step is committed; returns the steps this group committed."""
-        committed, first = 0, True
+        committed = 0
         while self.manager.current_step() < self.cfg.steps:
+            if self.joining and self._run_step_on_rank0() >= self.cfg.steps:
+                log.info("group %d: the run finished while this group was away", self.replica_id)
+                return 0
             record = self.step()
-            if first:
-                first = False
-                if self._check_not_alone_in_a_started_run(record):
-                    return 0
             if record is None:
                 continue
             committed += 1
