@@ -30,7 +30,7 @@ def test_a_spec_lists_faults_separated_by_semicolons():
     ("nan:step=x", "must be integers"),
     ("slow:rank=0,factor=0.5", "factor must be >= 1"),
     ("nan:step=2,at=save", "at= is only for kill"),
-    ("kill:rank=0,step=2,when=now", "must be one of at, factor, rank, step"),
+    ("kill:rank=0,step=2,when=now", "must be one of at, factor, rank, replica, step"),
 ])
 def test_a_malformed_spec_is_refused_naming_the_entry(spec, message):
     with pytest.raises(ValueError, match=message):
