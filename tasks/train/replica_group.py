@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -42,10 +43,13 @@ from torch.distributed.tensor.parallel import loss_parallel
 from tasks import datasets as contract
 from tasks.llama import Transformer
 from tasks.train import metrics as train_metrics
+from tasks.lease import Fence
+from tasks.train.checkpoint import CheckpointManager, ModelOptimState
 from tasks.train.config import TrainConfig
 from tasks.train.cross_entropy import token_sum_cross_entropy
 from tasks.train.data import TokenLoader
 from tasks.train.faults import FaultInjector
+from tasks.train.identity import config_fingerprint
 from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.parallelize import check_model_fits, materialize, parallelize_model
@@ -104,6 +108,20 @@ def batch_shares(step: int, global_batch: int, micro: int, participants: int) ->
     return shares
 
 
+class GroupProgress:
+    """The replica group's place in the run, for storage checkpoints: the committed step (the data position is
+    ``step × global batch``, so no loader state is kept) and the tokens seen."""
+
+    def __init__(self, tokens_per_step: int) -> None:
+        self.tokens_per_step, self.step = tokens_per_step, 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "tokens": self.step * self.tokens_per_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
 class ReplicaGroup:
     """This rank of one replica group: the model (FSDP/TP inside the group), its loader and torchft's Manager."""
 
@@ -133,8 +151,9 @@ class ReplicaGroup:
                                   seed=data.seed, prefetch=0)
         self.global_tokens = data.global_batch * data.seq_len
 
+        self.model_cfg = cfg.model_for_data(self.loader.vocab_size)
         with torch.device("meta"):
-            model = Transformer(cfg.model_for_data(self.loader.vocab_size))
+            model = Transformer(self.model_cfg)
         check_model_fits(model, self.dims, data.seq_len, cfg.parallel.float8)
         parallelize_model(model, self.dims, cfg.parallel, self.device.type)
         materialize(model, self.device, cfg.seed)  # every group starts from the same weights
@@ -156,6 +175,16 @@ class ReplicaGroup:
         )
         self.metrics = train_metrics.MetricsLogger(group_dir(self.run_dir, replica_id), enabled=self.rank == 0)
         self.discarded = 0
+        # Storage checkpoints: the quorum's first participant saves (one writer per step, whichever groups are
+        # there), for evals and exports, and for the case healing cannot cover: every group lost.
+        self.datasets = datasets
+        fingerprints = {name: contract.open_dataset(url, kind="tokens").fingerprint for name, url in datasets.items()}
+        self.checkpointer = CheckpointManager(
+            self.run_dir, cfg.checkpoint, rank=self.rank, world_size=self.world_size,
+            config_fingerprint=config_fingerprint(self.model_cfg, data, fingerprints, seed=cfg.seed,
+                                                  init_from=cfg.init_from), fence=Fence.from_env(self.run_dir))
+        self.progress = GroupProgress(self.global_tokens)
+        self.app_state = {"model_optim": ModelOptimState([model], self.optimizers.optimizers), "train": self.progress}
         self.faults = FaultInjector.from_config(cfg.faults, self.run_dir, replica_id * self.world_size + self.rank)
         # A group started into a run that has committed steps must heal from a live peer before it commits one
         # (else, alone in a quorum, it would train step 1 again from fresh weights).
@@ -200,7 +229,7 @@ class ReplicaGroup:
     def step(self) -> dict | None:
         """Try the next optimizer step; its record if the group committed it, None if it was discarded."""
         start = time.perf_counter()
-        self.faults.on_step_start(self.manager.current_step() + 1)
+        self.faults.on_step_start(self.manager.current_step() + 1, self.checkpointer)
         self.faults.on_hold(self.manager.current_step() + 1, lambda g: restarted_and_up(self.run_dir, g))
         self._quorum()
         step = self.manager.current_step() + 1  # after healing: the peers' step
@@ -240,6 +269,14 @@ class ReplicaGroup:
             log.warning("group %d: step %d discarded (commit vote failed); retrying it", self.replica_id, step)
             return None
         self.optimizers.step()
+        self.progress.step = step
+        if rank == 0:  # the quorum's first participant writes the run's storage checkpoint
+            self.faults.on_save_start(step)
+            meta = {"tokens": step * self.global_tokens, "loss": loss, "layout": f"ft{participants}·"
+                    + self.dims.describe(), "model": dataclasses.asdict(self.model_cfg),
+                    "config": dataclasses.asdict(self.cfg), "data": self.datasets, "seq_len": self.cfg.data.seq_len}
+            saved = self.checkpointer.maybe_save(step, self.app_state, meta, force=step == self.cfg.steps)
+            self.faults.on_save_end(step, saved, self.checkpointer)
         elapsed = time.perf_counter() - start
         return {"step": step, "loss": loss, "grad_norm": grad_norm.item(), "lr": lr, "replica": self.replica_id,
                 "participants": participants, "participant_rank": rank, "shares": [list(s) for s in shares],
@@ -275,21 +312,34 @@ class ReplicaGroup:
 
     def _vote_no_peer_yet(self) -> None:
         """A joining group in a quorum with no peer ahead of it (its peers are mid-step, or held): vote the step
-        down without computing it and try the next quorum. Past ``ft.quorum_timeout_s`` of this, every group
-        was lost (the in-memory snapshots of the snapshot issue are not wired to replica groups)."""
+        down without computing it and try the next quorum. A live peer joins within ``ft.timeout_s``; past that,
+        every group was lost, and this one resumes from the newest storage checkpoint (``_resume_from_storage``)."""
         if self._joining_since is None:
             self._joining_since = time.monotonic()
         self.manager.report_error(RuntimeError("joining: no live peer in this quorum to heal from"))
         self.manager.should_commit()
         self.manager._quorum_id = -1  # as after any discarded step (see step())
-        waited = time.monotonic() - self._joining_since
-        if waited > self.cfg.ft.quorum_timeout_s:
-            done = last_committed_step(self.run_dir, self.cfg.parallel.dp_replicate)
-            raise RuntimeError(f"every replica group was lost: the run committed step {done} but no live group "
-                               f"joined a quorum with this one in {waited:.0f} s; resume the run from its storage "
-                               "checkpoint")
-        time.sleep(self.cfg.ft.join_timeout_ms / 4000)  # well inside the Lighthouse's wait for a healthy joiner
+        if time.monotonic() - self._joining_since > self.cfg.ft.timeout_s:
+            self._resume_from_storage()
+        else:
+            time.sleep(self.cfg.ft.join_timeout_ms / 4000)  # well inside the Lighthouse's wait for a healthy joiner
         return None
+
+    def _resume_from_storage(self) -> None:
+        """No live peer: load the newest storage checkpoint (or start over from step 0 if there is none) and
+        step on from there; the steps committed after it are redone, and ``replicas.merge_records`` keeps only
+        their new records (``resumed_from`` marks in the group's log). Groups lost together agree: they load the
+        same checkpoint, whose commit happened before any of them was lost."""
+        stored = self.checkpointer.latest_step()
+        done = last_committed_step(self.run_dir, self.cfg.parallel.dp_replicate)
+        if stored is not None:
+            self.checkpointer.load(self.app_state, step=stored)
+            self.manager.load_state_dict({"step": stored, "batches_committed": stored})
+        log.warning("group %d: no live peer to heal from (every group was lost at step %d): resumed from %s",
+                    self.replica_id, done, f"the storage checkpoint of step {stored}" if stored else "the start")
+        self.metrics.log({"resumed_from": stored or 0, "lost_at": done, "replica": self.replica_id,
+                          "time": time.time()})
+        self.joining = False
 
     def train(self) -> int:
         """Step until the run's last step is committed; returns the steps this group committed."""
@@ -309,6 +359,7 @@ class ReplicaGroup:
         return committed
 
     def close(self) -> None:
+        self.checkpointer.close()
         self.metrics.close()
         self.loader.close()
         self.manager.shutdown(wait=False)

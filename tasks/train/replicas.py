@@ -10,6 +10,10 @@ What torchft leaves to smelt, and where it is covered:
   current quorum, so the supervisor restarts it on the same port as soon as it exits, and each group retries
   its quorum (``ReplicaGroup._quorum``) until the new one answers. Steps in flight when it died are
   discarded by the commit vote and retried: no committed step is lost.
+- **A hung group** (a stopped rank, a deadlock: its processes live on) is dropped from the quorum by the
+  Lighthouse once its heartbeats stop, or is simply left behind while its heartbeats go on; either way nothing in
+  torchft ends it, so it never comes back. The supervisor kills and restarts a group that stays behind the others'
+  newest committed step for ``ft.timeout_s`` once it is up (``ReplicaGroups._kill_hung``).
 - **A fixed global batch, every sample exactly once**: replica_group.py; ``merge_records`` proves it per step
   from the groups' own records and writes the run's ``metrics.jsonl`` (one record per committed step, with
   ``samples`` for tasks/trace's ledger and each participant's ``shares``).
@@ -40,6 +44,7 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.05  # the supervisor's round: how soon a dead Lighthouse or group is restarted
+HUNG_CHECK_S = 0.5  # how often the supervisor reads the groups' newest committed steps (a hung group's detection)
 
 
 class ReplicaError(RuntimeError):
@@ -56,7 +61,7 @@ def lighthouse_binary() -> str:
 
 
 def _free_port() -> int:
-    from tasks.train.launch import free_port
+    from tasks.train.procs import free_port
 
     return free_port()
 
@@ -103,6 +108,11 @@ class Group:
     restarts: int = 0
     done: bool = False
     starts: list[float] = field(default_factory=list)
+    # the hung-group check (ReplicaGroups._kill_hung), all on the supervisor's monotonic clock:
+    up_before: int = 0  # up markers the group had when it was last started
+    up_at: float | None = None  # when this start was first seen up (its Manager built)
+    newest: int | None = None  # the newest step its record held at the last check
+    behind_since: float | None = None  # since when another group holds a newer committed step
 
 
 def group_command(nproc: int, args: list[str], replica_id: int, run_dir: str) -> tuple[list[str], dict[str, str]]:
@@ -136,6 +146,8 @@ class ReplicaGroups:
         self.env = {**os.environ, **(env or {}), "TORCHFT_LIGHTHOUSE": self.lighthouse.address,
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
         self._readers: list[threading.Thread] = []
+        self._checked = 0.0
+        self.hung_kills = 0
 
     def start(self) -> "ReplicaGroups":
         self.lighthouse.start()
@@ -146,6 +158,7 @@ class ReplicaGroups:
     def _start_group(self, group: Group) -> None:
         cmd, extra = group_command(self.group_nproc, self.args, group.replica_id, self.run_dir)
         env = {**self.env, **extra, REPLICA_ENV: str(group.replica_id)}
+        group.up_before, group.up_at, group.behind_since = up_count(self.run_dir, group.replica_id), None, None
         group.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, bufsize=1, start_new_session=True)
         group.starts.append(time.time())
@@ -161,6 +174,9 @@ class ReplicaGroups:
         """One supervision round: restart the Lighthouse or a failed group; the job's exit status once every
         group finished (0) or one ran out of restarts (its status), else None."""
         self.lighthouse.poll()
+        if time.monotonic() - self._checked >= HUNG_CHECK_S:
+            self._checked = time.monotonic()
+            self._kill_hung(self._checked)
         finished = any(g.done for g in self.groups)
         for group in self.groups:
             if group.done or group.proc is None or (code := group.proc.poll()) is None:
@@ -179,6 +195,39 @@ class ReplicaGroups:
             self._start_group(group)
         return 0 if all(g.done for g in self.groups) else None
 
+    def _kill_hung(self, now: float) -> None:
+        """Kill a group that is up but has stayed behind another group's newest committed step for ``ft.timeout_s``
+        (the next round restarts it, and it heals from a live peer).
+
+        torchft cannot: a group whose rank is stopped (SIGSTOP, a deadlock, a host that stalls) keeps its
+        processes; the Lighthouse drops it from the quorum when its heartbeats stop (or leaves it out of each
+        quorum after ``join_timeout_ms`` while its Manager still heartbeats), the others step on without it, and
+        it never exits, so the run could neither get its replica back nor finish. Why "behind the others' newest
+        step" and not "no step for a while": a Lighthouse that is away, or a survivor held at a gate, stops every
+        group alike, and no group is behind then; a healthy group commits each step with the quorum, so it is
+        behind only between another's record and its own (milliseconds). Why only once it is up (its Manager
+        built, ``replica_group.mark_up``): a group's start (interpreter, imports, the model) can take longer than
+        ``ft.timeout_s`` on a loaded host, and is not a hang. A group still running after another finished the
+        run is behind the last step, so it is ended the same way (it has nothing left to do)."""
+        timeout = self.cfg.ft.timeout_s
+        live = [g for g in self.groups if not g.done and g.proc is not None and g.proc.poll() is None]
+        newest = {g.replica_id: newest_step(self.run_dir, g.replica_id) for g in self.groups}
+        front = max(newest.values(), default=0)
+        for group in live:
+            if group.up_at is None and up_count(self.run_dir, group.replica_id) > group.up_before:
+                group.up_at = now
+            mine = newest[group.replica_id]
+            if mine != group.newest or mine >= front:  # it committed a step since the last check, or leads
+                group.newest, group.behind_since = mine, None
+                continue
+            group.behind_since = group.behind_since or now
+            if group.up_at is None or now - max(group.behind_since, group.up_at) <= timeout:
+                continue
+            self.hung_kills += 1
+            self.log_line(f"replicas: group {group.replica_id} is hung: its newest committed step is {mine}, another "
+                          f"group's is {front}, for over ft.timeout_s ({timeout:g} s); killing it")
+            self.kill_group(group.replica_id)
+
     def run(self, *, timeout_s: float | None = None, stop: threading.Event | None = None) -> int:
         """Supervise until every group is done, one is out of restarts, ``stop`` is set or the timeout passes
         (then every process is stopped and this raises ReplicaError)."""
@@ -196,7 +245,7 @@ class ReplicaGroups:
 
     def stop(self) -> None:
         """Stop every group's process tree and the Lighthouse (nothing outlives the supervisor)."""
-        from tasks.train.launch import _stop_tree
+        from tasks.train.procs import stop_tree as _stop_tree
 
         for group in self.groups:
             if group.proc is not None:
@@ -213,12 +262,42 @@ class ReplicaGroups:
         import psutil
 
         proc = self.groups[replica_id].proc
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        try:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:  # it exited meanwhile: the next round restarts it
+            return
         for p in tree:
             try:
                 p.send_signal(signal.SIGKILL)
             except psutil.NoSuchProcess:
                 pass
+
+
+def up_count(run_dir: str, replica_id: int) -> int:
+    """How many starts of the group came up (``replica_group.mark_up``'s markers)."""
+    fs, path = contract.filesystem(contract.join(group_dir(run_dir, replica_id), "up"))
+    return len(fs.ls(path, detail=False)) if fs.exists(path) else 0
+
+
+def newest_step(run_dir: str, replica_id: int) -> int:
+    """The step of the group's newest committed-step record (0 if none); read from the file's tail on local disk,
+    so a supervision round costs the same on step 10 and step 10 million."""
+    fs, path = contract.filesystem(contract.join(group_dir(run_dir, replica_id), "metrics.jsonl"))
+    if not fs.isfile(path):  # none yet, or an object store's segments (tasks/jsonlog.py): read whole
+        records = group_records(run_dir, replica_id)
+        return records[-1]["step"] if records else 0
+    with fs.open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - 65536))
+        lines = f.read().decode(errors="replace").splitlines()
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # cut by the seek, or by a SIGKILL mid-write
+            continue
+        if "step" in record:
+            return record["step"]
+    return 0
 
 
 def _kill_session(pid: int) -> None:
@@ -235,6 +314,19 @@ def group_records(run_dir: str, replica_id: int) -> list[dict]:
     return [r for r in jsonlog.read(group_dir(run_dir, replica_id), "metrics.jsonl") if "step" in r]
 
 
+def storage_resumes(run_dir: str, groups: int) -> list[dict]:
+    """The groups' resumes from a storage checkpoint (every group was lost), oldest first."""
+    marks = [r for g in range(groups) for r in jsonlog.read(group_dir(run_dir, g), "metrics.jsonl")
+             if "resumed_from" in r]
+    return sorted(marks, key=lambda r: r["time"])
+
+
+def superseded(record: dict, resumes: list[dict]) -> bool:
+    """A step committed before a resume from an older checkpoint was trained again after it: that record is
+    off the run's final trajectory."""
+    return any(m["resumed_from"] < record["step"] and m["time"] > record["time"] for m in resumes)
+
+
 def merge_records(run_dir: str, groups: int, global_batch: int, *, write: bool = True) -> dict:
     """Check every committed step against the exactly-once contract and write the run's ``metrics.jsonl``.
 
@@ -242,12 +334,18 @@ def merge_records(run_dir: str, groups: int, global_batch: int, *, write: bool =
     (``shares``), the shares tile the step's global batch ``[(s-1)·B, s·B)`` exactly once, and what each group's
     loader read is its own share. Steps 1..last must all be committed. Returns {steps, last_step, problems,
     pauses (per group: the longest gap between its committed steps, and its median step time)}; writes only
-    when there is no problem, one record per step with ``samples`` (tasks/trace's ledger) and ``shares``."""
+    when there is no problem, one record per step with ``samples`` (tasks/trace's ledger) and ``shares``.
+    Records a resume from storage superseded (``superseded``) are left out and listed as ``redone_steps``."""
     by_step: dict[int, list[dict]] = {}
     pauses = {}
+    resumes = storage_resumes(run_dir, groups)
+    redone: set[int] = set()
     for g in range(groups):
         records = group_records(run_dir, g)
         for r in records:
+            if superseded(r, resumes):
+                redone.add(r["step"])
+                continue
             by_step.setdefault(r["step"], []).append(r)
         times = [r["time"] for r in records]
         step_times = sorted(r["step_time_s"] for r in records[1:]) or [0.0]
@@ -286,7 +384,8 @@ def merge_records(run_dir: str, groups: int, global_batch: int, *, write: bool =
         with contract.atomic_write(contract.join(contract.normalize_url(run_dir), "metrics.jsonl"), "w") as f:
             f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in merged))
     return {"steps": len(merged), "last_step": last, "problems": problems, "pauses": pauses,
-            "final_loss": merged[-1]["loss"] if merged else None}
+            "final_loss": merged[-1]["loss"] if merged else None, "redone_steps": sorted(redone),
+            "storage_resumes": len(resumes)}
 
 
 def write_lineage(run_dir: str, cfg: TrainConfig, data: dict[str, str]) -> None:
@@ -317,7 +416,8 @@ def run_replica_groups(cfg: TrainConfig, data: dict[str, str], args: list[str], 
         raise ReplicaError(f"replica groups broke exactly-once: {'; '.join(merged['problems'][:3])}")
     summary = {"steps": merged["last_step"], "last_loss": merged["final_loss"], "restarts": sum(
         g.restarts for g in supervisor.groups), "lighthouse_restarts": supervisor.lighthouse.restarts,
-        "replica_groups": cfg.parallel.dp_replicate, "pauses": merged["pauses"]}
+        "replica_groups": cfg.parallel.dp_replicate, "pauses": merged["pauses"],
+        "redone_steps": merged["redone_steps"], "storage_resumes": merged["storage_resumes"]}
     with contract.atomic_write(contract.join(contract.normalize_url(run_dir), "summary.json"), "w") as f:
         f.write(json.dumps(summary, indent=2, sort_keys=True))
     return 0

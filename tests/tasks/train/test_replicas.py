@@ -7,7 +7,9 @@ import threading
 import time
 
 import pytest
+import torch
 
+from tasks.checkpoints import list_committed, load_consolidated
 from tasks.config import from_dict
 from tasks.trace.ledger import ledger
 from tasks.trace.run import open_run
@@ -96,7 +98,7 @@ def reference(corpus, tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("replica-reference"))
     _, _, merged = run_groups(corpus, run_dir)
     assert not merged["problems"] and merged["last_step"] == STEPS
-    return merged
+    return {**merged, "run_dir": run_dir}
 
 
 def assert_every_sample_once(run_dir: str) -> None:
@@ -161,3 +163,27 @@ def test_launch_training_with_train_ft_runs_the_groups_and_returns_the_runs_summ
                              nproc=2, timeout_s=WAIT_S, log=lambda line: None)
     assert result["returncode"] == 0 and result["summary"]["steps"] == 4 and result["summary"]["replica_groups"] == 2
     assert ledger(open_run(str(tmp_path / "run")))["exactly_once"]
+
+
+def final_weights(run_dir: str) -> dict:
+    committed = list_committed(run_dir)
+    assert committed and committed[-1]["step"] == STEPS
+    return load_consolidated(committed[-1]["url"])[0]
+
+
+@pytest.mark.slow
+def test_every_group_lost_resumes_from_the_storage_checkpoint_and_ends_with_the_fault_free_weights(
+        corpus, reference, tmp_path):
+    """Both groups are SIGKILLed at the start of step 12, once the step-10 checkpoint committed: no live peer is
+    left to heal from, so the restarted groups wait ft.timeout_s for one, then resume from step 10 and redo 11."""
+    run_dir = str(tmp_path / "run")
+    _, supervisor, merged = run_groups(corpus, run_dir, faults="kill:rank=0,step=12;kill:rank=1,step=12")
+    assert not merged["problems"], merged["problems"]
+    assert [g.restarts for g in supervisor.groups] == [1, 1]
+    assert merged["storage_resumes"] >= 1 and merged["redone_steps"] == [11]
+    assert_every_sample_once(run_dir)
+    assert merged["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
+    got, want = final_weights(run_dir), final_weights(reference["run_dir"])
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-5, atol=1e-7), name
