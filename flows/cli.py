@@ -419,7 +419,7 @@ def launch(
     """Train on a cluster: render a Slurm batch script (and submit it) or a Kubernetes PyTorchJob."""
     from flows.config import section
     from flows.train import parse_data, run_dir_for
-    from infra.launch.job import launch as launch_job
+    from infra.launch.submit import launch as launch_job
     from tasks.config import from_dict
     from tasks.train.config import TrainConfig
 

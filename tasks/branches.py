@@ -29,6 +29,7 @@ import logging
 import time
 
 from tasks import datasets
+from tasks.checkpoint_layout import CHECKPOINTS_DIR, step_dirs
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +117,6 @@ def declare(run_dir: str, from_step: int, later: dict[int, str], committed: set[
 
 def finish(run_dir: str, record: dict) -> dict:
     """Move whatever of ``record``'s branch is still under ``checkpoints/`` (idempotent); mark it complete."""
-    from tasks.checkpoints import CHECKPOINTS_DIR, step_dirs  # torch: only the writer needs it
-
     target = datasets.join(branch_url(run_dir, record), CHECKPOINTS_DIR)
     for step, url in step_dirs(run_dir).items():
         if step <= record["from_step"]:

@@ -19,7 +19,6 @@ import io
 import json
 import logging
 import pickle
-import re
 import warnings
 from collections.abc import Mapping
 from typing import IO, Any
@@ -33,6 +32,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 from tasks import branches, datasets
+from tasks.checkpoint_layout import (  # noqa: F401 - the layout is read through this module too
+    CHECKPOINTS_DIR, checkpoints_url, relative_step, run_dir_of, step_dirs, step_of, step_url)
 from tasks.lease import EPOCH_KEY, commit_superseded
 
 log = logging.getLogger(__name__)
@@ -42,17 +43,7 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 KIND = "checkpoint"
-CHECKPOINTS_DIR = "checkpoints"
 DCP_METADATA = ".metadata"
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
-
-
-def checkpoints_url(run_dir_url: str) -> str:
-    return datasets.join(datasets.normalize_url(run_dir_url), CHECKPOINTS_DIR)
-
-
-def step_url(run_dir_url: str, step: int) -> str:
-    return datasets.join(checkpoints_url(run_dir_url), f"step-{step:08d}")
 
 
 def storage_reader(url: str) -> dcp.StorageReader:
@@ -212,29 +203,6 @@ def load_state(state_dict: dict, url: str, *, process_group=None, no_dist: bool 
         raise
 
 
-def relative_step(step: int) -> str:
-    """A step's folder relative to its run folder: what manifests record, so a moved run still resolves."""
-    return f"{CHECKPOINTS_DIR}/step-{step:08d}"
-
-
-def run_dir_of(step_url: str) -> str:
-    """``<run>/checkpoints/step-NNNNNNNN`` → ``<run>``."""
-    url = datasets.normalize_url(step_url).rstrip("/")
-    parent, _, name = url.rpartition("/")
-    if not _STEP_DIR.match(name) or not parent.endswith(f"/{CHECKPOINTS_DIR}"):
-        raise datasets.DatasetError(f"{step_url} is not a checkpoint folder (<run>/{CHECKPOINTS_DIR}/step-NNNNNNNN)")
-    return parent.rpartition("/")[0]
-
-
-def step_of(step_url: str) -> int | None:
-    """The step a ``<run>/checkpoints/step-NNNNNNNN`` URL names, or None for any other URL."""
-    try:
-        run_dir_of(step_url)
-    except datasets.DatasetError:
-        return None
-    return int(step_url.rstrip("/").rpartition("-")[2])
-
-
 def named_checkpoint(run_manifest: datasets.Manifest) -> str:
     """The checkpoint a finished run's manifest names, resolved against where the run folder is now
     (runs finished before paths were relative recorded an absolute URL: used as is)."""
@@ -281,20 +249,6 @@ def finished_run(run_dir_url: str) -> datasets.Manifest | None:
                     manifest.meta["url"], "; ".join(problems))
         return None
     return manifest
-
-
-def step_dirs(run_dir_url: str) -> dict[int, str]:
-    """``step -> url`` of every ``step-NNNNNNNN`` folder, committed or not."""
-    root = checkpoints_url(run_dir_url)
-    fs, path = datasets.filesystem(root)
-    if not fs.exists(path):
-        return {}
-    out = {}
-    for entry in fs.ls(path, detail=False):
-        match = _STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
-        if match:
-            out[int(match.group(1))] = datasets.join(root, match.group(0))
-    return dict(sorted(out.items()))
 
 
 def is_committed(url: str) -> bool:

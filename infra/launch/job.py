@@ -18,7 +18,6 @@ from tasks import datasets
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout every node runs (a shared filesystem or the image)
 
-ENGINES = ("slurm", "kubernetes")
 HEAD = "__SMELT_HEAD__"  # placeholder for the rendezvous host; each engine substitutes its own
 
 
@@ -82,29 +81,3 @@ def launch_command(engine: str, nodes: int, procs_per_node: int, gpus_per_node: 
     sets = " ".join(f"--set train.{k}={v}" for k, v in overrides.items())
     return (f"smelt launch {engine} --data <tokens-url> --root <store-url> --nodes {nodes} "
             f"--procs-per-node {procs_per_node} --gpus-per-node {gpus_per_node} {sets}").rstrip()
-
-
-def launch(engine: str, *, data: dict[str, str], config: dict, run_dir: str, dry_run: bool,
-           script_path: str | None = None, **options) -> dict:
-    """Render the job for ``engine``; unless ``dry_run``, write the run's ``train_config.json`` and
-    submit it (Slurm) or write the manifest to apply (Kubernetes). Returns what was done."""
-    from infra.launch import kubernetes, slurm
-    from tasks.train.launch import prepare_run
-
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    spec = JobSpec(run_dir=run_dir, train_args=prepare_run(data, config, run_dir, write=False), **options)
-    text = slurm.render(spec) if engine == "slurm" else kubernetes.render(spec)
-    out = {"engine": engine, "run_dir": spec.run_dir, "name": spec.name, "world_size": spec.world_size,
-           "text": text, "path": None, "job_id": None}
-    if dry_run:
-        return out
-    prepare_run(data, config, run_dir)
-    path = script_path or f"{spec.log_dir}/{spec.name}.{'sbatch' if engine == 'slurm' else 'yaml'}"
-    out["path"] = path
-    if engine == "slurm":
-        out["job_id"] = slurm.submit(text, path)
-    else:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text)
-    return out

@@ -52,6 +52,8 @@ ABORT_KEY = "smelt/agent/abort"
 STARTED_KEY = "smelt/agent/started"
 DONE_PREFIX = "smelt/agent/done/"
 GEN_ENV = "SMELT_GEN"  # a rank's generation; its presence means ranks restart in process (watchdog.py reads it)
+# EX_TEMPFAIL: a hang the rank's watchdog turned into an exit (watchdog.py), replaceable like a crash
+HANG_EXIT_CODE = 75
 SPARE_FLAG = "--spare"
 STORE_TIMEOUT_S = 60.0
 POLL_S = 0.05
@@ -177,7 +179,6 @@ class NodeAgent:
             self._stop_all()
 
     def _supervise(self, store) -> int:
-        from tasks.train.watchdog import HANG_EXIT_CODE  # a hang the watchdog turned into an exit: replaceable
         done: set[int] = set()
         while True:
             if self._stop.is_set():

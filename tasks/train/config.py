@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from tasks.datasets import normalize_url
 from tasks.model_config import PRESETS, ModelConfig, preset
+from tasks.train import hf_folder
 
 # The option values the trainer implements; one home for the CLI, the planner and the trainer.
 PP_SCHEDULES = {"1F1B": 1, "Interleaved1F1B": 2, "ZBVZeroBubble": 2}  # schedule -> stages per pp rank
@@ -267,11 +268,10 @@ class TrainConfig:
 
     def model_for_data(self, data_vocab_size: int) -> ModelConfig:
         """The model for data tokenized with a ``data_vocab_size`` vocabulary; refuses one too small for its ids.
-        With ``init_from`` it is the Hugging Face folder's shape (tasks/train/hf.py; imports torch)."""
+        With ``init_from`` it is the Hugging Face folder's shape (tasks/train/hf_folder.py)."""
         if self.init_from:
-            from tasks.train import hf
-
-            return hf.model_config(hf.read_config(hf.local_folder(self.init_from)), vocab_size=data_vocab_size)
+            folder = hf_folder.local_folder(self.init_from)
+            return hf_folder.model_config(hf_folder.read_config(folder), vocab_size=data_vocab_size)
         model = self.model_config(vocab_size=data_vocab_size)
         _require(model.vocab_size >= data_vocab_size,
                  f"the model's vocabulary ({model.vocab_size}, from train.model.vocab_size or preset "

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -32,24 +31,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 from tasks import branches, datasets as contract
 from tasks.config import from_dict
 from tasks.lease import ENV_EPOCH, Lease, LeaseError, LeaseHeld, LeaseLost, acquire
 from tasks.train import goodput
 from tasks.train.config import TrainConfig
+from tasks.train.exclude_hosts import EXCLUDE_HOSTS, excluded_hosts
+from tasks.train.procs import free_port, stop_tree
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STOP_GRACE_S = 30.0  # torchrun forwards SIGTERM to its ranks and waits for them; then SIGKILL
 LEASE_TIMEOUT_S = 60.0  # a launcher that stops renewing its run folder's lease for this long can be taken over
 # Every torchrun agent smelt starts (here, Slurm, Kubernetes): a fresh c10d store per rendezvous round, hosted by
 # rank 0, instead of one store shared across rounds, whose keys of an earlier round would need a prefix that every
 # node agrees on (each agent counts its restarts alone, so TORCHELASTIC_RESTART_COUNT differs across nodes).
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-EXCLUDE_HOSTS = "exclude_hosts.json"
 
 
 class LaunchError(RuntimeError):
@@ -59,12 +56,6 @@ class LaunchError(RuntimeError):
     def __init__(self, message: str, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_command(nproc: int, args: list[str], run_id: str, max_restarts: int, rdzv_port: int,
@@ -99,12 +90,6 @@ def start_torchrun(nproc: int, args: list[str], run_dir: str, max_restarts: int 
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, start_new_session=True)
-
-
-def excluded_hosts(run_dir: str) -> list[str]:
-    """Hosts listed in ``<run_dir>/exclude_hosts.json`` (none if there is no such file)."""
-    fs, path = contract.filesystem(contract.join(contract.normalize_url(run_dir), EXCLUDE_HOSTS))
-    return list(json.loads(fs.cat_file(path))["hosts"]) if fs.exists(path) else []
 
 
 def check_not_excluded(run_dir: str, nnodes: str, log_line: Callable[[str], None] = log.warning) -> None:
@@ -150,14 +135,14 @@ def run_torchrun(
     try:
         while (returncode := proc.poll()) is None:
             if stop is not None and stop.is_set():
-                _stop_tree(proc)
+                stop_tree(proc)
                 return proc.wait()
             if deadline is not None and time.monotonic() > deadline:
-                _stop_tree(proc)
+                stop_tree(proc)
                 raise LaunchError(f"torchrun for {run_dir} ran past its {timeout_s:.0f} s timeout and was stopped")
             time.sleep(0.2)  # short waits: a KeyboardInterrupt or a stop lands between them
     except BaseException:  # KeyboardInterrupt, a cancelled flow: no rank may outlive us
-        _stop_tree(proc)
+        stop_tree(proc)
         raise
     finally:
         reader.join(timeout=10)
@@ -167,27 +152,6 @@ def run_torchrun(
 def _forward_lines(proc: subprocess.Popen, log_line: Callable[[str], None]) -> None:
     for line in proc.stdout:
         log_line(line.rstrip())
-
-
-def _stop_tree(proc: subprocess.Popen) -> None:
-    """SIGTERM torchrun's group (it forwards the signal to its ranks, which sit in sessions of their
-    own), then SIGKILL whatever of the tree is still alive after the grace period."""
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    _, alive = psutil.wait_procs(tree, timeout=STOP_GRACE_S)
-    for p in alive:
-        try:
-            log.warning("killing pid %d, still alive %.0f s after SIGTERM", p.pid, STOP_GRACE_S)
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait()
 
 
 def data_vocab_size(data: dict[str, str]) -> int:
@@ -202,7 +166,7 @@ def preflight(cfg: TrainConfig, data: dict[str, str], world_sizes: list[int]) ->
     mixture names that are not the data's, a layout or batch the world size cannot split) is one
     ValueError/DatasetError sentence here rather than a traceback on every rank and a restart per attempt.
     """
-    from tasks.train.faults import parse_faults  # torch; and the trainer's stragglers import this module
+    from tasks.train.faults import parse_faults  # torch: loaded when a launch is checked, not with the launcher
     from tasks.train.trainer import describe_layout
 
     parse_faults(cfg.faults.inject)

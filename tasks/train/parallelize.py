@@ -196,7 +196,7 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, *, param_dtype: torch.dt
 # -- materialise ------------------------------------------------------------------------------------
 
 
-def _assign_full_value(param: nn.Parameter, value: torch.Tensor) -> None:
+def assign_full_value(param: nn.Parameter, value: torch.Tensor) -> None:
     """Write a full (unsharded) value into ``param``, keeping only this rank's shard of it."""
     if isinstance(param, DTensor):
         local = distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None).to_local()
@@ -208,7 +208,7 @@ def _assign_full_value(param: nn.Parameter, value: torch.Tensor) -> None:
 def materialize(model: nn.Module, device: torch.device, seed: int) -> None:
     """Allocate the sharded parameters on ``device`` and initialise them layout-independently."""
     model.to_empty(device=device)
-    model.init_weights(seed, assign=_assign_full_value)
+    model.init_weights(seed, assign=assign_full_value)
 
 
 def param_counts(model: nn.Module) -> Counter:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from tasks import datasets
 from tasks.train.config import StragglerConfig
-from tasks.train.launch import EXCLUDE_HOSTS
+from tasks.train.exclude_hosts import EXCLUDE_HOSTS, write_excluded
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,5 @@ class StragglerDetector:
             f.write(json.dumps(report, indent=2))
 
     def _write_exclude_list(self) -> None:
-        hosts = sorted({f["host"] for f in self.flagged})
-        with datasets.atomic_write(datasets.join(self.run_dir, EXCLUDE_HOSTS), "w") as f:
-            f.write(json.dumps({"hosts": hosts, "ranks": sorted({f["rank"] for f in self.flagged}),
-                                "reason": "straggler"}, indent=2))
+        hosts = write_excluded(self.run_dir, self.flagged, reason="straggler")
         log.warning("straggler: wrote %s listing %s for the next launch", EXCLUDE_HOSTS, ", ".join(hosts))

@@ -39,12 +39,11 @@ from datetime import timedelta
 import psutil
 import torch.distributed as dist
 
-from tasks.train.agent import GEN_ENV
+from tasks.train.agent import GEN_ENV, HANG_EXIT_CODE
 from tasks.train.config import WatchdogConfig
 
 log = logging.getLogger(__name__)
 
-HANG_EXIT_CODE = 75  # EX_TEMPFAIL: a temporary failure, worth a restart
 STORE_TIMEOUT_S = 10.0
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from infra.launch.job import launch, launch_command
+from infra.launch.job import launch_command
+from infra.launch.submit import launch
 from infra.layout import Layout
 from tests.tasks.train.token_corpus import make_corpus
 
