@@ -23,8 +23,9 @@ from infra.layout import parse_layout, trainer_gaps
 from infra.memory import GB, MemoryAssumptions
 from infra.models import parse_model_set
 from infra.planner import ModeRow, Plan, PlanInputs, SensitivityRow, plan, recovery_modes, sensitivity, to_dict, verify
-from infra.recovery import DEFAULT_RECOVERY, NOT_IN_SMELT, RECOVERY_MODES, describe
+from infra.recovery import DEFAULT_RECOVERY, NOT_IN_SMELT, NOT_IN_SMELT_REPLICAS, RECOVERY_MODES, describe
 from infra.recovery_figures import DETECTION_S, PROCESS_GROUP_INIT_S
+from infra.replica_figures import RECONFIGURE_S
 from infra.reliability import LLAMA3_MTBF_GPU_HOURS, FailureAssumptions
 from infra.simulate import DISTRIBUTIONS, RunModel, percentiles, simulate
 from infra.simulate import plot as plot_simulation
@@ -54,8 +55,15 @@ RestartOpt = Annotated[float, typer.Option(
          "(storage and snapshot recovery; in-process only when no spare node is free).")]
 RecoveryOpt = Annotated[str, typer.Option(
     help="How the trainer comes back from a failure: storage (relaunch, load the storage checkpoint), snapshot "
-         "(relaunch, restore the last step from a peer's memory: what smelt's trainer does), or in-process (keep "
-         f"the healthy ranks; {NOT_IN_SMELT}). infra/recovery.py")]
+         "(relaunch, restore the last step from a peer's memory: what smelt's trainer does), in-process (keep "
+         f"the healthy ranks; {NOT_IN_SMELT}), or replicas (dp_replicate torchft groups: only the failed group "
+         f"restarts and heals from a peer; {NOT_IN_SMELT_REPLICAS}). infra/recovery.py, infra/replica_recovery.py")]
+ReconfigureOpt = Annotated[float, typer.Option(
+    "--replica-reconfigure-seconds", help="With --recovery replicas: seconds to rebuild the cross-group process "
+                                          "group for a new quorum (an assumption; infra/replica_figures.py).")]
+ReplicaLinkOpt = Annotated[float, typer.Option(
+    "--replica-allreduce-gbps", help="With --recovery replicas: GB/s of the cross-group all-reduce per rank (0: the "
+                                     "GPU's inter-node link, as torchft's ProcessGroupNCCL would reach).")]
 DetectionOpt = Annotated[float, typer.Option(
     "--detection-seconds", help="Mean seconds from a failure to the job knowing (infra/recovery_figures.py).")]
 PgInitOpt = Annotated[float, typer.Option(
@@ -104,7 +112,8 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
             compile: bool = False, stack: str = "smelt",
             memory_headroom: float = MemoryAssumptions().headroom, recovery: str = DEFAULT_RECOVERY,
             detection_seconds: float = DETECTION_S.value,
-            process_group_init_seconds: float = PROCESS_GROUP_INIT_S.value) -> PlanInputs:
+            process_group_init_seconds: float = PROCESS_GROUP_INIT_S.value,
+            replica_reconfigure_seconds: float = RECONFIGURE_S.value, replica_allreduce_gbps: float = 0.0) -> PlanInputs:
     """Validate the options into PlanInputs; every user mistake becomes typer.BadParameter."""
     try:
         overrides = parse_overrides(gpu_set or [])
@@ -142,7 +151,9 @@ def _inputs(model: str, tokens: float, gpus: int, gpu: str, days: float, budget:
                                          "Interleaved1F1B", param_hint="--pp-schedules")
         failures = FailureAssumptions(mtbf_gpu_hours=mtbf_gpu_hours, restart_minutes=restart_minutes,
                                       planned_per_day=planned_per_day, storage_gbps=storage_gbps, recovery=recovery,
-                                      detection_s=detection_seconds, process_group_init_s=process_group_init_seconds)
+                                      detection_s=detection_seconds, process_group_init_s=process_group_init_seconds,
+                                      replica_reconfigure_s=replica_reconfigure_seconds,
+                                      replica_allreduce_gbps=replica_allreduce_gbps)
         return PlanInputs(model=model, tokens=tokens, gpus=gpus, gpu=device, days=days, budget=budget,
                           seq_len=seq_len, global_batch_tokens=global_batch_tokens, vocab_size=vocab_size,
                           model_sets=tuple(parse_model_set(model_set or []).items()), hf_config=model_config,
@@ -166,6 +177,7 @@ def plan_command(
     memory_headroom: HeadroomOpt = MemoryAssumptions().headroom, recovery: RecoveryOpt = DEFAULT_RECOVERY,
     detection_seconds: DetectionOpt = DETECTION_S.value, process_group_init_seconds: PgInitOpt = PROCESS_GROUP_INIT_S.value,
     verify_plan: VerifyOpt = False, verify_layouts: VerifyLayoutsOpt = 0,
+    replica_reconfigure_seconds: ReconfigureOpt = RECONFIGURE_S.value, replica_allreduce_gbps: ReplicaLinkOpt = 0.0,
 ) -> None:
     """Pick the fastest 3D layout that fits (or score --layout), and say whether the run meets the deadline
     and the budget."""
@@ -176,7 +188,8 @@ def plan_command(
     inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
                      efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set,
                      pp_schedules, precision, model_set, model_config, compile, stack, memory_headroom, recovery,
-                     detection_seconds, process_group_init_seconds)
+                     detection_seconds, process_group_init_seconds, replica_reconfigure_seconds,
+                     replica_allreduce_gbps)
     given = None
     if layout:
         try:
@@ -229,6 +242,9 @@ def simulate_command(
         raise typer.BadParameter(f"choose one of {', '.join(DISTRIBUTIONS)}", param_hint="--distribution")
     if runs < 1 or weibull_shape <= 0:
         raise typer.BadParameter("--runs must be ≥ 1 and --weibull-shape > 0")
+    if recovery == "replicas":
+        raise typer.BadParameter("smelt simulate replays whole-job restarts; plan replica groups with smelt plan "
+                                 "--recovery replicas", param_hint="--recovery")
     inputs = _inputs(model, tokens, gpus, gpu, days, budget, seq_len, global_batch_tokens, vocab_size, price,
                      efficiency, mtbf_gpu_hours, restart_minutes, planned_per_day, storage_gbps, gpu_set,
                      pp_schedules, recovery=recovery)
@@ -383,11 +399,21 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console, mode
         t.add_row("snapshot copy / acknowledged after", f"{snap.copy_s:.2f} s / {snap.commit_s:.2f} s")
         t.add_row("step blocked by snapshots", f"{snap.blocking_s:.2f} s ({snap.blocking_s / snap.interval_s:.1%})")
         t.add_row("disaster: a node + its replica lost", f"p = {r.disaster_probability:.1e} per failure")
+    if r.replicas is not None:
+        c = r.replicas
+        t.add_row("replica groups (torchft)", f"{c.groups} × {L.world // c.groups:,} GPUs")
+        t.add_row("step overhead: quorum + all-reduce + commit",
+                  f"{c.overhead.quorum_s * 1e3:.1f} + {c.overhead.allreduce_s * 1e3:.1f} + {c.overhead.commit_s * 1e3:.1f} "
+                  f"ms ({c.overhead.total / c.step_s:.2%})")
+        t.add_row("step while a group is away", f"× {c.slowdown:.3g} ({c.microbatches} micro-batch(es) per rank)")
+        t.add_row("failed group away (detect, relaunch, heal, rejoin)",
+                  " + ".join(f"{p.seconds:,.0f}" for p in c.away) + f" = {c.away_s:,.0f} s")
+        t.add_row("every group lost (storage restart)", f"p = {r.disaster_probability:.1e} per failure")
     kind = "storage checkpoint interval (Daly" + (")" if r.snapshot is None else " vs disasters)")
     t.add_row("checkpoint size", f"{r.checkpoint.size_bytes / GB:,.0f} GB")
     t.add_row("save blocks / commits after", f"{r.checkpoint.blocking_s:.1f} s / {r.checkpoint.commit_s:.1f} s")
     t.add_row(kind, f"{r.interval_s / 60:,.1f} min = {r.interval_steps:,} steps")
-    t.add_row("restart", f"{r.restart_s / 60:.1f} min")
+    t.add_row("restart" + (" (the failed group's)" if r.replicas is not None else ""), f"{r.restart_s / 60:.1f} min")
     t.add_row("lost per failure", f"{r.lost_per_failure_s / 60:.1f} min")
     for part in r.parts:
         t.add_row(f"  {part.name}", f"{part.seconds:,.1f} s")
@@ -396,7 +422,8 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console, mode
     t.add_row("spare GPUs", f"{r.spare_gpus}")
     console.print(t)
     console.print(f"recovery: {describe(r.recovery)}; decided by " + ", ".join(
-        f"{p.name} ({p.seconds:,.0f} s)" for p in r.deciding()) + " per failure (sources: infra/recovery_figures.py)",
+        f"{p.name} ({p.seconds:,.0f} s)" for p in r.deciding()) + " per failure (sources: infra/recovery_figures.py"
+        + (", infra/replica_figures.py)" if r.replicas is not None else ")"),
         soft_wrap=True)
 
     if modes:
@@ -404,7 +431,8 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console, mode
                    "lost min", "goodput", "days", "cost", "feasible")
         t.columns[0].no_wrap = False
         for m in modes:
-            t.add_row(describe(m.mode) + (" (this plan)" if m.mode == r.recovery else ""), f"{m.restart_s / 60:.1f}",
+            label = describe(m.mode) + (f" on {m.layout}" if m.layout != L.name else "")
+            t.add_row(label + (" (this plan)" if m.mode == r.recovery else ""), f"{m.restart_s / 60:.1f}",
                       f"{m.lost_per_failure_s / 60:.1f}", f"{m.goodput:.1%}", f"{m.days:.1f}", _money(m.cost),
                       "yes" if m.feasible else "no")
         console.print(t)

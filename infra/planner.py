@@ -26,6 +26,8 @@ from infra.memory import GB, MemoryAssumptions, MemoryBreakdown, memory_per_rank
 from infra.models import model_config
 from infra.recovery import RECOVERY_MODES, describe
 from infra.recovery_figures import USED as RECOVERY_FIGURES
+from infra.replica_figures import USED as REPLICA_FIGURES
+from infra.replica_recovery import REPLICA_GROUP_COUNTS, StepOverhead, step_overhead
 from infra.reliability import LLAMA3_MTBF_GPU_HOURS, FailureAssumptions, Reliability, cluster_mtbf_s, plan_reliability
 from infra.timing import PART_LABELS, StepTime, TimingAssumptions, step_time
 from tasks.model_config import ModelConfig
@@ -35,6 +37,7 @@ logger = logging.getLogger(__name__)
 TP_DEGREES = (1, 2, 4, 8)
 PP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
 MICRO_BATCHES = (1, 2, 4, 8)
+GLOO_LOOPBACK_GBPS = 1.0  # bench/replica_overhead.py allreduce_gbps, 0.8-1.0 here: the sensitivity row's gloo rate
 
 
 @dataclass(frozen=True)
@@ -179,9 +182,11 @@ class Plan:
 
 def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
                       pp_schedules: tuple[str, ...] = tuple(TRAINER_SCHEDULES), precision: str = "bf16",
-                      zero_stages: tuple[int, ...] = (), model_parallel: bool = True, deep_interleaving: bool = False):
+                      zero_stages: tuple[int, ...] = (), model_parallel: bool = True, deep_interleaving: bool = False,
+                      replica_groups: tuple[int, ...] = ()):
     """Every layout the trainer can express on ``gpus`` GPUs (see infra/layout.py for the ZeRO rules), or, with
     ``zero_stages``, without ``model_parallel`` or with ``deep_interleaving``, those another system offers.
+    ``replica_groups``: also each of these numbers of ``dp_replicate`` groups (replica-group recovery).
     ``deep_interleaving``: Interleaved1F1B also with every deeper number of stages per rank that splits the layers
     evenly (Megatron-Core's virtual pipeline size, torchtitan's layers per stage), not only the trainer's two."""
     cfg = shape.cfg
@@ -196,6 +201,7 @@ def candidate_layouts(shape: ModelShape, gpus: int, gpus_per_node: int,
                               if v > TRAINER_SCHEDULES["Interleaved1F1B"]]
             shard_sizes = {dp} | {s for s in (gpus_per_node // tp * 2**i for i in range(3))
                                   if 2 <= s < dp and dp % s == 0}
+            shard_sizes |= {dp // g for g in replica_groups if dp % g == 0}
             for dp_shard in sorted(shard_sizes):
                 for zero in zero_stages or ((2, 3) if pp == 1 else (1,)):
                     for ac in AC_MODES:
@@ -213,17 +219,54 @@ def evaluate(inputs: PlanInputs, layout: Layout, trainer_only: bool = True,
     stretches the predicted step, checkpoint interval and goodput following it (the planner-error rows)."""
     shape, gpu = inputs.shape, inputs.gpu
     rejection = check_shape(layout, shape, gpu.gpus_per_node, inputs.global_seqs, trainer_only)
+    replicas = inputs.failures.recovery == "replicas"
+    if not rejection and replicas:
+        rejection = replica_rejection(layout, trainer_only)
     if rejection:
         return rejection
-    memory = memory_per_rank(shape, layout, gpu, layout.microbatches(inputs.global_seqs), inputs.memory)
+    microbatches = layout.microbatches(inputs.global_seqs)
+    memory = memory_per_rank(shape, layout, gpu, microbatches, inputs.memory)
     rejection = memory.rejection(layout)
     if rejection:
         return rejection
-    step = step_time(shape, layout, gpu, inputs.global_seqs, inputs.timing).scaled(step_scale)
-    reliability = plan_reliability(layout.world, shape.cfg.num_params(), layout, gpu, step.total, inputs.failures)
+    overhead = None
+    if replicas:
+        step, overhead = replica_step(inputs, layout)
+        step = step.scaled(step_scale)
+    else:
+        step = step_time(shape, layout, gpu, inputs.global_seqs, inputs.timing).scaled(step_scale)
+    reliability = plan_reliability(layout.world, shape.cfg.num_params(), layout, gpu, step.total, inputs.failures,
+                                   microbatches=microbatches, overhead=overhead)
     train_s = inputs.tokens / step.tokens_per_s
     return Candidate(layout=layout, memory=memory, step=step, reliability=reliability,
                      wall_s=train_s / reliability.goodput, price_per_hour=gpu.price_per_hour)
+
+
+def replica_rejection(layout: Layout, trainer_only: bool) -> Rejection | None:
+    """Why replica-group recovery cannot run this layout: it needs groups, and smelt's groups no pipeline."""
+    if layout.dp_replicate < 2:
+        return Rejection("recovery.replicas_need_groups", f"{layout.name}: replica-group recovery needs "
+                         "dp_replicate ≥ 2 groups (an hsdp layout)", 1.0)
+    if trainer_only and layout.pp > 1:
+        return Rejection("recovery.replicas_no_pipeline", f"{layout.name}: smelt's replica groups run no pipeline "
+                         "parallelism (tasks/train/replica_group.py)", float(layout.pp))
+    return None
+
+
+def replica_step(inputs: PlanInputs, layout: Layout) -> tuple[StepTime, StepOverhead]:
+    """The step of ``dp_replicate`` torchft replica groups: one group's own step (its FSDP/TP traffic, no HSDP
+    all-reduce: torchft's Manager does it instead, after the backward pass) plus the protocol's overhead, counted
+    as exposed data-parallel traffic; tokens and FLOPs are the whole job's."""
+    groups = layout.dp_replicate
+    group = dataclasses.replace(layout, dp_replicate=1)
+    step = step_time(inputs.shape, group, inputs.gpu, inputs.global_seqs // groups, inputs.timing)
+    link = inputs.failures.replica_allreduce_gbps or inputs.gpu.internode_gbps
+    grad_params = inputs.shape.cfg.num_params() / (layout.tp * layout.pp * layout.state_shards)
+    overhead = step_overhead(grad_params, groups, link)
+    return dataclasses.replace(step, dp_comm=step.dp_comm + overhead.total,
+                               tokens_per_step=step.tokens_per_step * groups,
+                               model_flops_per_step=step.model_flops_per_step * groups,
+                               world=step.world * groups), overhead
 
 
 def _why_slower(candidate: Candidate, best: Candidate) -> str:
@@ -249,7 +292,8 @@ def plan(inputs: PlanInputs, layout: Layout | None = None) -> Plan:
     layouts = ([layout] if given else
                candidate_layouts(inputs.shape, inputs.gpus, gpu.gpus_per_node, inputs.pp_schedules, inputs.precision,
                                  inputs.zero_stages, inputs.model_parallel,
-                                 deep_interleaving=not inputs.smelt_trainer))
+                                 deep_interleaving=not inputs.smelt_trainer,
+                                 replica_groups=REPLICA_GROUP_COUNTS if inputs.failures.recovery == "replicas" else ()))
     for candidate_layout in layouts:
         evaluated += 1
         result = evaluate(inputs, candidate_layout, trainer_only=inputs.smelt_trainer and not given)
@@ -332,6 +376,13 @@ def sensitivity(result: Plan, planner_error: float | None = None) -> list[Sensit
             row("process-group init", f"{f.process_group_init_s * scale:g} s",
                 dataclasses.replace(i, failures=dataclasses.replace(
                     f, process_group_init_s=f.process_group_init_s * scale)), False)
+    if f.recovery == "replicas":  # its one assumption, and its all-reduce at gloo's rate measured here
+        for scale in (0.5, 2.0):
+            row("replica-group rebuild (assumed)", f"{f.replica_reconfigure_s * scale:g} s",
+                dataclasses.replace(i, failures=dataclasses.replace(
+                    f, replica_reconfigure_s=f.replica_reconfigure_s * scale)), False)
+        row("cross-group all-reduce", f"{GLOO_LOOPBACK_GBPS:g} GB/s (gloo, loopback)",
+            dataclasses.replace(i, failures=dataclasses.replace(f, replica_allreduce_gbps=GLOO_LOOPBACK_GBPS)), False)
     for scale in (0.8, 1.2):
         gpu = dataclasses.replace(i.gpu, price_per_hour=i.gpu.price_per_hour * scale)
         row("price", f"${gpu.price_per_hour:.2f}/GPU-h", dataclasses.replace(i, gpu=gpu), False)
@@ -372,20 +423,25 @@ class ModeRow:
     days: float
     cost: float
     feasible: bool
+    layout: str = ""  # the layout the row scores (replicas: the best replica layout when the chosen one has none)
 
 
 def recovery_modes(result: Plan) -> list[ModeRow]:
-    """The chosen layout under every recovery mode, for comparison (storage: smelt before snapshots)."""
+    """The chosen layout under every recovery mode, for comparison (storage: smelt before snapshots); replicas on
+    the chosen layout if it has replica groups, else on the best layout that has (a second search)."""
     i, rows = result.inputs, []
     if not result.best:
         return rows
     for mode in RECOVERY_MODES:
         inputs = dataclasses.replace(i, failures=dataclasses.replace(i.failures, recovery=mode))
-        c = evaluate(inputs, result.best.layout, trainer_only=i.smelt_trainer and not result.given)
+        trainer_only = i.smelt_trainer and not result.given
+        c = evaluate(inputs, result.best.layout, trainer_only=trainer_only)
+        if mode == "replicas" and not isinstance(c, Candidate) and not result.given:
+            c = plan(inputs).best
         if isinstance(c, Candidate):
             r = c.reliability
             rows.append(ModeRow(mode, r.in_smelt, r.goodput, r.restart_s, r.lost_per_failure_s, c.days, c.cost,
-                                c.days <= i.days and c.cost <= i.budget))
+                                c.days <= i.days and c.cost <= i.budget, c.layout.name))
     return rows
 
 
@@ -406,8 +462,22 @@ def recovery_dict(r: Reliability) -> dict:
             "blocking_s": round(snap.blocking_s, 4), "blocking_share_of_step": round(snap.blocking_s / snap.interval_s, 5),
             "commit_s": round(snap.commit_s, 4), "restore_s": round(snap.restore_s, 4)},
         "disaster_probability": r.disaster_probability,
+        "replicas": None if r.replicas is None else replica_dict(r),
         "figures": {name: dataclasses.asdict(fig) for name, fig in RECOVERY_FIGURES.items()},
     }
+
+
+def replica_dict(r: Reliability) -> dict:
+    """Replica groups: the step overhead, the slowdown while a group is away and the figures behind them."""
+    c = r.replicas
+    return {"groups": c.groups, "microbatches_per_rank": c.microbatches, "step_s": round(c.step_s, 4),
+            "step_overhead_s": {"quorum": round(c.overhead.quorum_s, 5), "allreduce": round(c.overhead.allreduce_s, 5),
+                                "commit": round(c.overhead.commit_s, 5), "total": round(c.overhead.total, 5),
+                                "share_of_step": round(c.overhead.total / c.step_s, 5)},
+            "slowdown_while_away": round(c.slowdown, 4), "stall_s": round(c.stall_s, 2), "away_s": round(c.away_s, 2),
+            "away_parts_s": {p.name: round(p.seconds, 3) for p in c.away},
+            "lost_per_failure_s": round(c.lost_s, 2), "all_groups_lost_probability": c.all_lost_probability,
+            "figures": {name: dataclasses.asdict(fig) for name, fig in REPLICA_FIGURES.items()}}
 
 
 def to_dict(result: Plan, rows: list[SensitivityRow] | None = None, modes: list[ModeRow] | None = None,

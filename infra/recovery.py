@@ -15,6 +15,9 @@ restart and recovery point into goodput.
 - ``in-process``: the healthy ranks keep their processes, CUDA contexts and model; they abort the process group,
   rendezvous with a spare node that was waiting, rebuild the group and restore from memory (nvidia-resiliency-ext's
   in-process restart). NOT YET IN SMELT'S TRAINER: every output names it so.
+- ``replicas``: ``dp_replicate`` fault-tolerant replica groups on torchft: only the failed group restarts and heals
+  from a live peer while the others keep stepping (infra/replica_recovery.py). On one host only so far: every
+  output names it so.
 
 A full relaunch is the planner's flat ``restart_minutes`` (10 minutes, unsourced, as before), of which the sourced
 parts are named (detection, process start and imports, model build, process-group init) and the rest is labelled
@@ -31,17 +34,20 @@ from infra.recovery_figures import ABORT_S, CHECKSUM_GBPS, DETECTION_S, DRAIN_ST
     LAST_CALL_WAIT_S, MODEL_BUILD_S, PROCESS_GROUP_INIT_S, RANK_ASSIGNMENT_S, SHM_WRITE_GBPS, START_AND_IMPORT_S, \
     STORE_BARRIER_S
 
-RECOVERY_MODES = ("storage", "snapshot", "in-process")
+RECOVERY_MODES = ("storage", "snapshot", "in-process", "replicas")
 DEFAULT_RECOVERY = "snapshot"
-IN_SMELT = {"storage": True, "snapshot": True, "in-process": False}
+IN_SMELT = {"storage": True, "snapshot": True, "in-process": False, "replicas": False}
 NOT_IN_SMELT = "smelt's agent does it on one node; cluster launches still restart through torchrun"
+NOT_IN_SMELT_REPLICAS = ("smelt runs replica groups on one host, on CPU and gloo; smelt launch slurm|kubernetes does "
+                         "not start them yet")
+GAPS = {"in-process": NOT_IN_SMELT, "replicas": NOT_IN_SMELT_REPLICAS}
 # the sourced parts of today's flat relaunch, at their defaults; the rest of restart_minutes is unsourced
 _SOURCED_RELAUNCH_S = DETECTION_S.value + START_AND_IMPORT_S.value + MODEL_BUILD_S.value + PROCESS_GROUP_INIT_S.value
 
 
 def describe(mode: str) -> str:
     """The mode's name as every output prints it: in-process always carries its warning."""
-    return mode if IN_SMELT[mode] else f"{mode} ({NOT_IN_SMELT})"
+    return mode if IN_SMELT[mode] else f"{mode} ({GAPS[mode]})"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ plus the checkpoint load and τ the Daly interval of storage saves. ``snapshot``
 the per-step snapshots (τ = one step, W = until replicated) and R the mode's restart; storage checkpoints then
 only cover disasters (a node and its replica peer lost together, probability p per failure), so their interval
 is Daly's against the disaster MTBF M/p, and goodput is the product of the two closed forms (first order: the
-two overheads are small and independent).
+two overheads are small and independent). ``replicas``: a failure stops one torchft replica group, not the job,
+and costs the cluster a fixed ``lost`` (infra/replica_recovery.py), so goodput is 1 − lost/M times the same
+disaster term, the disaster being every group lost at once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from infra.recovery import DEFAULT_RECOVERY, IN_SMELT, RECOVERY_MODES, Part, Sna
     disaster_probability, full_relaunch_parts, full_relaunch_s, in_process_parts, snapshot_cost, \
     spare_shortage_probability
 from infra.recovery_figures import DETECTION_S, PROCESS_GROUP_INIT_S
+from infra.replica_figures import RECONFIGURE_S
+from infra.replica_recovery import ReplicaCost, StepOverhead, replica_cost
 
 # Llama 3 405B: 419 unexpected interruptions on 16,384 H100s in a 54-day snapshot (Llama 3 paper, §3.3.4).
 LLAMA3_MTBF_GPU_HOURS = 16_384 * 54 * 24 / 419
@@ -48,13 +52,16 @@ class FailureAssumptions:
     detection_s: float = DETECTION_S.value  # failure → the job knows (infra/recovery_figures.py)
     process_group_init_s: float = PROCESS_GROUP_INIT_S.value  # NCCL communicators at this scale
     snapshot_interval_steps: int = 1  # the trainer snapshots every step by default
+    replica_reconfigure_s: float = RECONFIGURE_S.value  # replicas: the cross-group group rebuilt (an assumption)
+    replica_allreduce_gbps: float = 0.0  # replicas: the cross-group all-reduce's rate; 0: the GPU's inter-node link
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERY_MODES:
             raise ValueError(f"--recovery {self.recovery!r}: choose one of {', '.join(RECOVERY_MODES)}")
-        if min(self.detection_s, self.process_group_init_s) < 0 or self.snapshot_interval_steps < 1:
-            raise ValueError("detection_s and process_group_init_s must not be negative, snapshot_interval_steps "
-                             "at least 1")
+        if (min(self.detection_s, self.process_group_init_s, self.replica_reconfigure_s,
+                self.replica_allreduce_gbps) < 0 or self.snapshot_interval_steps < 1):
+            raise ValueError("detection_s, process_group_init_s, replica_reconfigure_s and replica_allreduce_gbps "
+                             "must not be negative, snapshot_interval_steps at least 1")
         for name in ("mtbf_gpu_hours", "storage_gbps", "repair_hours"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -140,6 +147,7 @@ class Reliability:
     snapshot: SnapshotCost | None = None
     parts: tuple[Part, ...] = ()
     disaster_probability: float = 0.0
+    replicas: ReplicaCost | None = None
 
     def interruptions(self, wall_s: float) -> float:
         return wall_s / self.mtbf_s + wall_s * self.planned_per_s
@@ -159,6 +167,9 @@ class Reliability:
     @property
     def recovery_point(self) -> tuple[float, float, float]:
         """(interval, blocking, commit) of the saves a failure rolls back to, for the simulator."""
+        if self.replicas is not None:
+            raise ValueError("smelt simulate replays whole-job restarts; replica groups are planned only (smelt plan "
+                             "--recovery replicas)")
         if self.snapshot is None:
             return self.interval_s, self.checkpoint.blocking_s, self.checkpoint.commit_s
         return self.snapshot.interval_s, self.snapshot.blocking_s, self.snapshot.commit_s
@@ -170,14 +181,20 @@ def _storage_steps(blocking_s: float, commit_s: float, mtbf_s: float, step_s: fl
 
 
 def plan_reliability(gpus: int, total_params: int, layout: Layout, gpu: GPU, step_s: float,
-                     a: FailureAssumptions) -> Reliability:
+                     a: FailureAssumptions, microbatches: int = 1, overhead: StepOverhead | None = None) -> Reliability:
     """Goodput under ``a.recovery``; storage checkpoints every Daly-optimal interval (against every failure in
-    the storage mode, against disasters in the others), rounded to whole steps and never before a save commits."""
+    the storage mode, against disasters in the others), rounded to whole steps and never before a save commits.
+    ``replicas`` needs the layout's ``microbatches`` per rank and the protocol's step ``overhead`` (in ``step_s``)."""
     mtbf = cluster_mtbf_s(gpus, a.mtbf_gpu_hours)
     ckpt = checkpoint_cost(total_params, layout, gpu, a)
     planned = a.planned_per_day / 86400
     spares = spare_nodes(gpus, a.mtbf_gpu_hours, a.repair_hours, a.spare_confidence)
     relaunch = full_relaunch_s(a.restart_minutes, a.detection_s, a.process_group_init_s)
+    if a.recovery == "replicas":
+        if overhead is None:
+            raise ValueError("replica recovery needs the step overhead of torchft's protocol")
+        return _replica_reliability(layout, gpu, step_s, a, mtbf, ckpt, planned, spares, relaunch, microbatches,
+                                    overhead)
     if a.recovery == "storage":
         restart = relaunch + ckpt.load_s  # at the default sourced parts, exactly restart_minutes + the load
         steps = _storage_steps(ckpt.blocking_s, ckpt.commit_s, mtbf, step_s)
@@ -223,3 +240,31 @@ def plan_reliability(gpus: int, total_params: int, layout: Layout, gpu: GPU, ste
     return Reliability(mtbf_s=mtbf, checkpoint=ckpt, interval_s=steps * step_s, interval_steps=steps,
                        restart_s=restart, goodput=share, spare_gpus=spares * gpu.gpus_per_node, planned_per_s=planned,
                        recovery=a.recovery, snapshot=snap, parts=tuple(parts), disaster_probability=p_disaster)
+
+
+def _replica_reliability(layout: Layout, gpu: GPU, step_s: float, a: FailureAssumptions, mtbf: float,
+                         ckpt: CheckpointCost, planned: float, spares: int, relaunch: float, microbatches: int,
+                         overhead: StepOverhead) -> Reliability:
+    """``replicas``: each failure costs the cluster ``lost_s`` (infra/replica_recovery.py), so failures, which
+    strike in wall time, leave 1 − lost/M of it; storage checkpoints cover every group lost at once (a relaunch of
+    all of them and the checkpoint's load), with their interval Daly's against that rarer event. The parts sum to
+    M·(1 − goodput): the wall seconds each failure costs."""
+    shard = ckpt.size_bytes / (layout.tp * layout.pp * layout.dp_shard)
+    cost = replica_cost(layout.dp_replicate, microbatches, step_s, overhead, shard, gpu, relaunch, mtbf,
+                        detection_s=a.detection_s, reconfigure_s=a.replica_reconfigure_s)
+    p_all = cost.all_lost_probability
+    disaster_mtbf = mtbf / p_all if p_all > 0 else math.inf
+    steps = _storage_steps(ckpt.blocking_s, ckpt.commit_s, disaster_mtbf, step_s) if p_all > 0 else 0
+    failures = max(0.0, 1 - cost.lost_s / mtbf)
+    restart = relaunch + ckpt.load_s
+    disasters = (goodput(steps * step_s, ckpt.blocking_s, ckpt.commit_s, restart, disaster_mtbf)
+                 if p_all > 0 else 1.0)
+    parts = [*cost.parts(),
+             Part("storage saves + every group lost", mtbf * failures * (1 - disasters),
+                  f"every other group failing before the first is back: p = {p_all:.1e} per failure; then a "
+                  "relaunch of all and the storage checkpoint's load (Daly's closed form)")]
+    share = failures * disasters * max(0.0, 1 - planned * cost.lost_s)  # a planned stop taken one group at a time
+    return Reliability(mtbf_s=mtbf, checkpoint=ckpt, interval_s=steps * step_s, interval_steps=steps,
+                       restart_s=cost.away_s, goodput=share, spare_gpus=spares * gpu.gpus_per_node,
+                       planned_per_s=planned, recovery="replicas", parts=tuple(parts), disaster_probability=p_all,
+                       replicas=cost)

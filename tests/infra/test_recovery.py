@@ -64,7 +64,7 @@ def test_spare_shortage_is_the_poisson_tail_at_the_spare_count():
 
 
 def test_in_process_always_says_it_is_not_in_smelts_trainer():
-    assert RECOVERY_MODES == ("storage", "snapshot", "in-process")
+    assert RECOVERY_MODES == ("storage", "snapshot", "in-process", "replicas")
     assert describe("snapshot") == "snapshot" and describe("in-process") == f"in-process ({NOT_IN_SMELT})"
 
 
