@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from infra.launch.job import JOB_DEFAULTS
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="smelt: raw web-and-code crawl in, filtered, deduplicated, tokenized data and a trained, "
                        "evaluated model out.")
@@ -399,24 +401,26 @@ def launch(
     run_dir: Annotated[Optional[str], typer.Option(help="Run folder (default <root>/train/<run identity>); every node must reach it.")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    nodes: Annotated[int, typer.Option(help="Nodes (one torchrun agent each).")] = 1,
-    procs_per_node: Annotated[int, typer.Option(help="Ranks per node (one per GPU).")] = 1,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs to request per node (0: a CPU job).")] = 0,
-    cpus_per_node: Annotated[int, typer.Option(help="CPUs to request per node (0: the scheduler's default).")] = 0,
-    max_restarts: Annotated[int, typer.Option(help="torchrun restarts of all ranks inside one job.")] = 3,
-    time_limit_minutes: Annotated[int, typer.Option(help="Job time limit (0: the partition's).")] = 0,
-    stop_lead_s: Annotated[int, typer.Option(help="SIGUSR1 this many seconds before the limit: final checkpoint, requeue.")] = 300,
-    rdzv_port: Annotated[int, typer.Option(help="c10d rendezvous port on the first node.")] = 29500,
-    partition: Annotated[str, typer.Option(help="Slurm partition.")] = "",
-    account: Annotated[str, typer.Option(help="Slurm account.")] = "",
-    log_dir: Annotated[str, typer.Option(help="Folder for the job's output and the rendered script (default ./smelt-logs).")] = "",
-    image: Annotated[str, typer.Option(help="Kubernetes: container image with smelt installed.")] = "smelt:latest",
-    namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = "default",
-    store_secret: Annotated[str, typer.Option(help="Kubernetes Secret holding the AWS_* object store variables.")] = "smelt-store",
+    nodes: Annotated[int, typer.Option(help="Nodes (one torchrun agent each).")] = JOB_DEFAULTS["nodes"],
+    procs_per_node: Annotated[int, typer.Option(help="Ranks per node (one per GPU).")] = JOB_DEFAULTS["procs_per_node"],
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs to request per node (0: a CPU job).")] = JOB_DEFAULTS["gpus_per_node"],
+    cpus_per_node: Annotated[int, typer.Option(help="CPUs to request per node (0: the scheduler's default).")] = JOB_DEFAULTS["cpus_per_node"],
+    max_restarts: Annotated[int, typer.Option(help="torchrun restarts of all ranks inside one job.")] = JOB_DEFAULTS["max_restarts"],
+    time_limit_minutes: Annotated[int, typer.Option(help="Job time limit (0: the partition's).")] = JOB_DEFAULTS["time_limit_minutes"],
+    stop_lead_s: Annotated[int, typer.Option(help="SIGUSR1 this many seconds before the limit: final checkpoint, requeue.")] = JOB_DEFAULTS["stop_lead_s"],
+    rdzv_port: Annotated[int, typer.Option(help="c10d rendezvous port on the first node.")] = JOB_DEFAULTS["rdzv_port"],
+    name: Annotated[str, typer.Option(help="Job name (default smelt-<hash of the run folder>).")] = JOB_DEFAULTS["name"],
+    partition: Annotated[str, typer.Option(help="Slurm partition.")] = JOB_DEFAULTS["partition"],
+    account: Annotated[str, typer.Option(help="Slurm account.")] = JOB_DEFAULTS["account"],
+    log_dir: Annotated[str, typer.Option(help="Folder for the job's output and the rendered script (default smelt-logs/ in the checkout).")] = JOB_DEFAULTS["log_dir"],
+    image: Annotated[str, typer.Option(help="Kubernetes: container image with smelt installed.")] = JOB_DEFAULTS["image"],
+    namespace: Annotated[str, typer.Option(help="Kubernetes namespace.")] = JOB_DEFAULTS["namespace"],
+    store_secret: Annotated[str, typer.Option(help="Kubernetes Secret holding the AWS_* object store variables.")] = JOB_DEFAULTS["store_secret"],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the script or manifest; write and submit nothing.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Train on a cluster: render a Slurm batch script (and submit it) or a Kubernetes PyTorchJob."""
+    options = {name: value for name, value in locals().items() if name in JOB_DEFAULTS}  # JobSpec's fields
     from flows.config import section
     from flows.train import parse_data, run_dir_for
     from infra.launch.submit import launch as launch_job
@@ -427,11 +431,7 @@ def launch(
     train_cfg = section(cfg, "train")
     sources = parse_data(data)
     url = run_dir or run_dir_for(sources, root, from_dict(TrainConfig, train_cfg))[0]
-    result = launch_job(engine, data=sources, config=train_cfg, run_dir=url, dry_run=dry_run,
-                        nodes=nodes, procs_per_node=procs_per_node, gpus_per_node=gpus_per_node,
-                        cpus_per_node=cpus_per_node, max_restarts=max_restarts, time_limit_minutes=time_limit_minutes,
-                        stop_lead_s=stop_lead_s, rdzv_port=rdzv_port, partition=partition, account=account,
-                        log_dir=log_dir, image=image, namespace=namespace, store_secret=store_secret)
+    result = launch_job(engine, data=sources, config=train_cfg, run_dir=url, dry_run=dry_run, **options)
     if as_json:
         print(json.dumps(result, sort_keys=True))
     elif dry_run:

@@ -12,9 +12,10 @@ from tasks.eval.config import EvalConfig
 from tasks.ingest.code.config import CodeIngestConfig
 from tasks.ingest.config import IngestConfig
 from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
+from tasks.repo import REPO_ROOT
 from tasks.train.config import TrainConfig
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = REPO_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "demo.toml"
 
 

@@ -51,19 +51,80 @@ def sample_task(root: str) -> dict[str, list[str]]:
     return {"web": [datasets.join(url, "*.warc.gz")], "code": [datasets.join(code_url, "code-*.jsonl.gz")]}
 
 
+def data_graph(steps, web: list[str], code: list[str]) -> tuple[dict, dict, dict, dict]:
+    """The data stages, spelled once: ingest each branch (web, and code if given), dedup each, train one
+    tokenizer on all of them, tokenize each. ``steps`` either runs each stage (``_Run``: outcome dicts) or only
+    names its output (``_Planned``: url and fingerprint), so the stages the flow plans are the stages it runs.
+    Returns (ingested, deduped, tokenizer, tokens), the per-branch ones by branch name."""
+    ingested = {"web": steps.ingest(web)}
+    if code:
+        ingested["code"] = steps.ingest_code(code)
+    deduped = {name: steps.dedup(out) for name, out in ingested.items()}
+    tokenizer = steps.tokenizer(list(deduped.values()))
+    tokens = {name: steps.tokenize(out, tokenizer) for name, out in deduped.items()}
+    return ingested, deduped, tokenizer, tokens
+
+
+class _Planned:
+    """Each data stage's output (url, fingerprint) without running it; ``urls`` collects them."""
+
+    def __init__(self, root: str, cfg: RunConfig) -> None:
+        self.root, self.cfg, self.urls = root, cfg, []
+
+    def _output(self, url: str, fp: str) -> dict:
+        self.urls.append(url)
+        return {"url": url, "fingerprint": fp}
+
+    def ingest(self, inputs: list[str]) -> dict:
+        return self._output(*ingest_output(inputs, self.root, self.cfg.ingest)[1:])
+
+    def ingest_code(self, inputs: list[str]) -> dict:
+        return self._output(*code_ingest_output(inputs, self.root, self.cfg.ingest_code)[1:])
+
+    def dedup(self, ingested: dict) -> dict:
+        return self._output(*dedup_output([ingested["fingerprint"]], self.root, self.cfg.dedup))
+
+    def tokenizer(self, deduped: list[dict]) -> dict:
+        return self._output(*tokenizer_output([d["fingerprint"] for d in deduped], self.root, self.cfg.tokenizer))
+
+    def tokenize(self, deduped: dict, tokenizer: dict) -> dict:
+        return self._output(*tokens_output([deduped["fingerprint"]], tokenizer["fingerprint"], self.root,
+                                           self.cfg.tokenize, self.cfg.tokenizer.special()))
+
+
+class _Run:
+    """Each data stage run as its Prefect task (reused where its output is complete)."""
+
+    def __init__(self, root: str, cfg: RunConfig, dask_address: str | None) -> None:
+        self.root, self.cfg, self.dask_address = root, cfg, dask_address
+
+    def ingest(self, inputs: list[str]) -> dict:
+        return ingest_task(inputs, self.root, section(self.cfg, "ingest"), self.dask_address)
+
+    def ingest_code(self, inputs: list[str]) -> dict:
+        return code_ingest_task(inputs, self.root, section(self.cfg, "ingest_code"), self.dask_address)
+
+    def dedup(self, ingested: dict) -> dict:
+        return dedup_task([ingested["url"]], self.root, section(self.cfg, "dedup"), self.dask_address)
+
+    def tokenizer(self, deduped: list[dict]) -> dict:
+        return tokenizer_task([d["url"] for d in deduped], self.root, section(self.cfg, "tokenizer"))
+
+    def tokenize(self, deduped: dict, tokenizer: dict) -> dict:
+        return tokenize_task([deduped["url"]], tokenizer["url"], self.root, section(self.cfg, "tokenize"),
+                             self.dask_address, tokenizer_config=section(self.cfg, "tokenizer"))
+
+
+def planned_data_urls(web: list[str], code: list[str], root: str, cfg: RunConfig) -> list[str]:
+    """The output URL of every data stage the flow runs for these inputs, in order."""
+    planned = _Planned(root, cfg)
+    data_graph(planned, web, code)
+    return planned.urls
+
+
 def data_stages_pending(web: list[str], code: list[str], root: str, cfg: RunConfig) -> bool:
     """True if any data stage still has to run: only then is a Dask cluster worth starting."""
-    _, ingest_url, ingest_fp = ingest_output(web, root, cfg.ingest)
-    urls = [ingest_url]
-    deduped = [dedup_output([ingest_fp], root, cfg.dedup)]
-    if code:
-        _, code_url, code_fp = code_ingest_output(code, root, cfg.ingest_code)
-        urls.append(code_url)
-        deduped.append(dedup_output([code_fp], root, cfg.dedup))
-    urls += [u for u, _ in deduped]
-    tok_url, tok_fp = tokenizer_output([fp for _, fp in deduped], root, cfg.tokenizer)
-    urls += [tok_url] + [tokens_output([fp], tok_fp, root, cfg.tokenize, cfg.tokenizer.special())[0] for _, fp in deduped]
-    return any(datasets.read_manifest(u) is None for u in urls)
+    return any(datasets.read_manifest(u) is None for u in planned_data_urls(web, code, root, cfg))
 
 
 @flow(name="crawl-to-model")
@@ -92,15 +153,7 @@ def crawl_to_model(inputs: list[str] | None = None, code_inputs: list[str] | Non
     with contextlib.ExitStack() as stack:
         if dask_address is None and data_stages_pending(inputs, code_inputs, root, cfg):
             dask_address = stack.enter_context(dask_cluster())
-        branches = {"web": ingest_task(inputs, root, section(cfg, "ingest"), dask_address)}
-        if code_inputs:
-            branches["code"] = code_ingest_task(code_inputs, root, section(cfg, "ingest_code"), dask_address)
-        deduped = {name: dedup_task([out["url"]], root, section(cfg, "dedup"), dask_address)
-                   for name, out in branches.items()}
-        tokenizer = tokenizer_task([d["url"] for d in deduped.values()], root, section(cfg, "tokenizer"))
-        tokens = {name: tokenize_task([d["url"]], tokenizer["url"], root, section(cfg, "tokenize"), dask_address,
-                                      tokenizer_config=section(cfg, "tokenizer"))
-                  for name, d in deduped.items()}
+        branches, deduped, tokenizer, tokens = data_graph(_Run(root, cfg, dask_address), inputs, code_inputs)
     for name in branches:
         stages += [_label(branches[name], name), _label(deduped[name], name)]
     stages.append(tokenizer)

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-STATE_DIR = REPO / ".smelt-server"
+from tasks.repo import REPO_ROOT
+
+STATE_DIR = REPO_ROOT / ".smelt-server"
 STATE = "server.json"
 HOST = "127.0.0.1"
 
@@ -48,7 +49,7 @@ class LocalServer:
 
 def work_pool() -> str:
     """The work pool every deployment in prefect.yaml names."""
-    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    spec = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
     (pool,) = {d["work_pool"]["name"] for d in spec["deployments"]}
     return pool
 
@@ -75,12 +76,12 @@ def _prefect(*args: str) -> list[str]:
 def _spawn(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
     """A detached child in its own session (its own process group), output to ``log_path``."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+        return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _env(api_url: str | None = None) -> dict[str, str]:
-    env = {**os.environ, "PWD": str(REPO), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {**os.environ, "PWD": str(REPO_ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tasks,flows")
     if api_url:
         env["PREFECT_API_URL"] = api_url
@@ -88,7 +89,7 @@ def _env(api_url: str | None = None) -> dict[str, str]:
 
 
 def _run(cmd: list[str], env: dict[str, str], what: str, timeout_s: float) -> None:
-    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    result = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise ServerError(f"{what} failed (exit {result.returncode}): {' / '.join(tail)}")

@@ -32,11 +32,10 @@ from tasks.checkpoints import finished_run, list_committed, named_checkpoint, re
 from tasks.lease import Lease, LeaseError
 from tasks.objectstore import preflight_all
 from tasks.train.config import TrainConfig, parse_data
-from tasks.train.identity import run_identity
+from tasks.train.identity import STAGE, run_identity
 from tasks.train.launch import RUN_KIND, launch_training, preflight, take_run_lease
 from tasks.train.stragglers import REPORT as STRAGGLER_REPORT
 
-STAGE = "train"
 CHECKPOINT_EVENT = "smelt.checkpoint.committed"
 PUBLISHED = "published.json"  # steps whose commit was published
 

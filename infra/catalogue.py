@@ -4,7 +4,7 @@ Peak is dense BF16 tensor-core throughput (no 2:4 sparsity). Bandwidths are per 
 in GB/s: ``nvlink_gbps`` inside a node, ``internode_gbps`` through the GPU's own NIC (400 Gb/s = 50 GB/s).
 Prices are round ballpark rates per GPU-hour for a multi-month reservation in 2025 (H100 near $2 after the
 2024 rental price drop), not quotes: pass your contract's price with ``--price``.
-Sources: NVIDIA A100, H100, H200 and HGX B200 datasheets.
+Sources: NVIDIA A100, H100, H200 and HGX B200 datasheets; the peaks are tasks/train/peaks.py's, which MFU uses too.
 
 ``compute_efficiency`` is the fraction of peak the training GEMMs reach when nothing waits on the network
 (infra/timing.py). H100: the Meta stack's, fitted on Llama 3 405B's 430 TFLOP/s on 8,192 GPUs
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
+from tasks.train.peaks import peak_bf16
 
 
 @dataclass(frozen=True)
@@ -37,16 +39,23 @@ class GPU:
         return self.peak_tflops * 1e12
 
 
+def _tflops(name: str) -> float:
+    return peak_bf16(name) / 1e12
+
+
 CATALOGUE: dict[str, GPU] = {
-    "a100": GPU("a100", "A100 80GB SXM", peak_tflops=312, memory_gb=80, nvlink_gbps=300, internode_gbps=25,
-                gpus_per_node=8, price_per_hour=1.20, host_copy_gbps=25, hbm_tbps=2.039,
+    "a100": GPU("a100", "A100 80GB SXM", peak_tflops=_tflops("A100"), memory_gb=80, nvlink_gbps=300,
+                internode_gbps=25, gpus_per_node=8, price_per_hour=1.20, host_copy_gbps=25, hbm_tbps=2.039,
                 compute_efficiency=0.7396),
-    "h100": GPU("h100", "H100 SXM 80GB", peak_tflops=989, memory_gb=80, nvlink_gbps=450, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, hbm_tbps=3.35, compute_efficiency=0.6241),
-    "h200": GPU("h200", "H200 SXM 141GB", peak_tflops=989, memory_gb=141, nvlink_gbps=450, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, hbm_tbps=4.8, compute_efficiency=0.6241),
-    "b200": GPU("b200", "B200 180GB (HGX)", peak_tflops=2250, memory_gb=180, nvlink_gbps=900, internode_gbps=50,
-                gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0, compute_efficiency=0.6241),
+    "h100": GPU("h100", "H100 SXM 80GB", peak_tflops=_tflops("H100"), memory_gb=80, nvlink_gbps=450,
+                internode_gbps=50, gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, hbm_tbps=3.35,
+                compute_efficiency=0.6241),
+    "h200": GPU("h200", "H200 SXM 141GB", peak_tflops=_tflops("H200"), memory_gb=141, nvlink_gbps=450,
+                internode_gbps=50, gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, hbm_tbps=4.8,
+                compute_efficiency=0.6241),
+    "b200": GPU("b200", "B200 180GB (HGX)", peak_tflops=_tflops("B200"), memory_gb=180, nvlink_gbps=900,
+                internode_gbps=50, gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0,
+                compute_efficiency=0.6241),
 }
 # Variants that published runs used (infra/validation.py): A100 40GB; the H100 in Meta's Grand Teton hosts
 # that torchtitan benchmarked (96 GB HBM2e at 2.4 TB/s, 500 W power limit, so below the SXM peak by an

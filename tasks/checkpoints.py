@@ -51,7 +51,7 @@ def storage_reader(url: str) -> dcp.StorageReader:
     url = datasets.normalize_url(url)
     if url.startswith("file://"):
         return _FileSystemReader(datasets.filesystem(url)[1])
-    return _FsspecReader(url)
+    return _FsspecReader(url, **datasets.remote_options(url))
 
 
 # --------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import IO, Any
 import fsspec
 import xxhash
 
-from tasks import objectstore  # noqa: F401  s3 client defaults: no listings cache, bounded retries
+from tasks.objectstore import remote_options  # and its import sets s3 defaults: no listings cache, bounded retries
 
 MANIFEST = "manifest.json"
 DONE_SUFFIX = ".done.json"
@@ -209,22 +209,6 @@ def join(url: str, *parts: str) -> str:
 def stage_url(root: str, stage: str, fp: str) -> str:
     """``<root>/<stage>/<fingerprint>``: the same inputs and config always land in the same place."""
     return join(normalize_url(root), stage, fp)
-
-
-CONNECT_TIMEOUT_S, READ_TIMEOUT_S = 30.0, 120.0  # defaults for remote stores; readers take theirs from config
-
-
-def remote_options(url: str, connect_s: float = CONNECT_TIMEOUT_S, read_s: float = READ_TIMEOUT_S) -> dict[str, Any]:
-    """fsspec storage options giving http(s) and s3 connect and read timeouts: a silent server is an
-    error after ``read_s``, never a hang."""
-    protocol = url.split("://", 1)[0] if "://" in url else "file"
-    if protocol in ("http", "https"):
-        import aiohttp
-
-        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=connect_s, sock_read=read_s)}}
-    if protocol in ("s3", "s3a"):
-        return {"config_kwargs": {"connect_timeout": connect_s, "read_timeout": read_s}}
-    return {}
 
 
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:

@@ -1,5 +1,6 @@
 """Object stores (S3 and S3-compatible): client defaults that suit many processes sharing one store,
-and a fast preflight that turns a misconfigured store into one sentence.
+the options every remote fsspec client is opened with (``remote_options``, http(s) too), and a fast
+preflight that turns a misconfigured store into one sentence.
 
 Credentials and endpoint come the standard way (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``~/.aws``, or fsspec config such as ``FSSPEC_S3_ENDPOINT_URL``); the
@@ -15,15 +16,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+from typing import Any
 from urllib.parse import urlparse
 
 import fsspec
 
 PREFLIGHT_TIMEOUT_S = 10.0
 BUCKET_URL_RE = re.compile(r"s3a?://[^/,\s\"']+")
+S3_CONNECT_TIMEOUT_S, S3_READ_TIMEOUT_S, S3_MAX_ATTEMPTS = 5.0, 60.0, 3
+HTTP_CONNECT_TIMEOUT_S, HTTP_READ_TIMEOUT_S = 30.0, 120.0  # http(s) inputs, which get no retries
 S3_DEFAULTS = {
     "use_listings_cache": False,
-    "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 3, "mode": "standard"}},
+    "config_kwargs": {"connect_timeout": S3_CONNECT_TIMEOUT_S, "read_timeout": S3_READ_TIMEOUT_S,
+                      "retries": {"max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"}},
 }
 
 
@@ -36,6 +41,27 @@ def configure() -> None:
     conf = fsspec.config.conf.setdefault("s3", {})
     for key, value in S3_DEFAULTS.items():
         conf.setdefault(key, value)
+
+
+def remote_options(url: str, connect_s: float | None = None, read_s: float | None = None) -> dict[str, Any]:
+    """fsspec storage options for ``url``: bounded connect and read timeouts, so a silent server is an error,
+    never a hang. Every fsspec client smelt opens takes its options here (datasets.filesystem, readers, DCP).
+
+    For S3 the defaults are fsspec's config (``S3_DEFAULTS``, or the user's); a caller's own timeouts replace
+    only those two keys. fsspec replaces a config key passed as an argument whole, so an argument
+    ``config_kwargs`` of timeouts alone would drop the retries."""
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    if protocol in ("http", "https"):
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_s or HTTP_CONNECT_TIMEOUT_S,
+                                        sock_read=read_s or HTTP_READ_TIMEOUT_S)
+        return {"client_kwargs": {"timeout": timeout}}
+    if protocol in ("s3", "s3a") and (connect_s or read_s):
+        config = dict(fsspec.config.conf.get("s3", {}).get("config_kwargs", {}))
+        config.update({key: s for key, s in (("connect_timeout", connect_s), ("read_timeout", read_s)) if s})
+        return {"config_kwargs": config}
+    return {}
 
 
 def _is_s3(url: str) -> bool:

@@ -2,6 +2,7 @@
 
 import ast
 import importlib.metadata
+import re
 import sys
 from pathlib import Path
 
@@ -258,3 +259,51 @@ def test_no_module_over_500_lines_outside_the_allow_list():
     stale = sorted(path for path in LONG_MODULES if lengths.get(path, 0) <= MAX_LINES)
     assert stale == [], f"LONG_MODULES lists modules that are gone or no longer over {MAX_LINES} lines: {stale}"
     assert all(reason.strip() for reason in LONG_MODULES.values())
+
+
+# -- one home per definition -------------------------------------------------------------------------------------
+
+# Module-level constants that hold the same value in more than one module of tasks/, flows/ and infra/, each with
+# why it is not one definition yet. A new pair fails the test: import the constant from its home instead.
+SHARED_VALUES = {
+    "GB": "a unit, not a setting",
+    "POLL_S": "the agent's and the replica supervisor's poll intervals, equal by choice, not by definition",
+    "ROLL_RECORDS": "jsonlog's and tb_events' segment sizes, each tuned for its own file",
+    "MAD_TO_SIGMA": "a statistical constant; trace reads run folders without importing the trainer",
+    "METRICS": "trace and goodput read the trainer's metrics.jsonl without importing torch, which metrics.py does",
+    "EVENTS": "trace reads the trainer's files without importing torch (tasks/trace/run.py)",
+    "SKIPPED": "trace reads the trainer's files without importing torch (tasks/trace/run.py)",
+    "LINEAGE": "trace reads the trainer's files without importing torch (tasks/trace/run.py)",
+    "FOLDER": "trace reads the trainer's files without importing torch (tasks/trace/losses.py)",
+    "CARRIED": "trace reads tokenize's columns without importing the stage (tasks/trace/documents.py)",
+}
+# Modules that still compute the checkout's root themselves instead of importing tasks/repo.py's REPO_ROOT.
+OWN_REPO_ROOT = {"tasks/train/replicas.py": "being changed by another issue this session; import tasks.repo next"}
+
+
+def _module_constants() -> dict[tuple[str, str], list[str]]:
+    """(NAME, value as written) → the modules of tasks/, flows/ and infra/ that assign it at module level."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for top in ("tasks", "flows", "infra"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if not isinstance(node, ast.Assign) or not isinstance(node.targets[0], (ast.Name, ast.Tuple)):
+                    continue
+                target, value = node.targets[0], node.value
+                pairs = ([(target, value)] if isinstance(target, ast.Name) else
+                         zip(target.elts, value.elts) if isinstance(value, ast.Tuple) else [])
+                for name, expr in pairs:
+                    if isinstance(name, ast.Name) and name.id.isupper() and "TypeVar" not in ast.unparse(expr):
+                        found.setdefault((name.id, ast.unparse(expr)), []).append(str(path.relative_to(REPO)))
+    return found
+
+
+def test_a_constant_is_defined_in_one_module():
+    """A second copy of a constant drifts from the first (two ASYNC_MODES, two REPO_ROOTs, two tables of GPU
+    peaks once did); import it from its home."""
+    repeated = {f"{name} = {value}": paths for (name, value), paths in _module_constants().items()
+                if len(paths) > 1 and name not in SHARED_VALUES}
+    assert repeated == {}, "constants defined in more than one module"
+    roots = sorted(str(path.relative_to(REPO)) for top in ("tasks", "flows", "infra") for path in (REPO / top).rglob("*.py")
+                   if re.search(r"Path\(__file__\)\.resolve\(\)\.(parents\[\d\]|parent\.parent)", path.read_text()))
+    assert sorted(set(roots) - set(OWN_REPO_ROOT)) == ["tasks/repo.py"], "the checkout's root is tasks/repo.py's REPO_ROOT"

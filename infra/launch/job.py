@@ -12,11 +12,8 @@ import hashlib
 import shlex
 from dataclasses import dataclass, field
 
-from pathlib import Path
+from tasks.repo import REPO_ROOT  # the checkout every node runs (a shared filesystem or the image)
 
-from tasks import datasets
-
-REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout every node runs (a shared filesystem or the image)
 
 HEAD = "__SMELT_HEAD__"  # placeholder for the rendezvous host; each engine substitutes its own
 
@@ -47,7 +44,9 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.run_dir = datasets.normalize_url(self.run_dir)
+        from tasks.datasets import normalize_url  # fsspec: `smelt`'s startup reads JOB_DEFAULTS without it
+
+        self.run_dir = normalize_url(self.run_dir)
         if self.nodes < 1 or self.procs_per_node < 1:
             raise ValueError(f"--nodes ({self.nodes}) and processes per node ({self.procs_per_node}) must be ≥ 1")
         if not self.name:
@@ -68,6 +67,10 @@ class JobSpec:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# What `smelt launch` passes when an option is not given (flows/cli.py): the dataclass's own defaults.
+JOB_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobSpec) if f.default is not dataclasses.MISSING}
 
 
 def shell_line(cmd: list[str], head: str) -> str:

@@ -22,7 +22,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from infra.launch.job import REPO_ROOT, JobSpec, SubmitError, shell_line
+from infra.launch.job import JobSpec, SubmitError, shell_line
+from tasks.repo import REPO_ROOT
 from tasks.train.launch import TORCHRUN_ENV
 
 

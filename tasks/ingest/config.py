@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from tasks.config import check_at_least
+from tasks.objectstore import HTTP_CONNECT_TIMEOUT_S, HTTP_READ_TIMEOUT_S
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -268,8 +269,8 @@ class ReaderConfig:
     # its characters; more means the charset is wrong (then detected) or the payload is not text.
     max_replacement_frac: float = 0.01
     # Remote inputs (http/s3): a server that does not connect or goes silent this long is an error naming the URL.
-    connect_timeout_s: float = 30.0
-    read_timeout_s: float = 120.0
+    connect_timeout_s: float = HTTP_CONNECT_TIMEOUT_S
+    read_timeout_s: float = HTTP_READ_TIMEOUT_S
     # Who inflates .gz archives and parses each record's HTTP head once smelt's framer has cut it out:
     # smelt (zlib, warcio) | fastwarc (FastWARC's gzip reader and header parser; a record goes out
     # only once the checksums of its gzip members held, at a fault smelt's own decompression reads on

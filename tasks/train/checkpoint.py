@@ -73,6 +73,7 @@ from tasks.checkpoints import (
     step_url,
 )
 from tasks.lease import Fence, Fenced
+from tasks.objectstore import remote_options
 from tasks.train.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,6 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="Detected an existing checkpoint in")
 
 FAULT_CRASH_ENV = "SMELT_FAULT_CRASH_IN_SAVE"
-ASYNC_MODES = ("off", "thread", "process")
 
 
 # --------------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def storage_writer(url: str) -> dcp.StorageWriter:
     url = datasets.normalize_url(url)
     if url.startswith("file://"):
         return dcp.FileSystemWriter(datasets.filesystem(url)[1], sync_files=True, overwrite=True)
-    return FsspecWriter(url, sync_files=True, overwrite=True)
+    return FsspecWriter(url, sync_files=True, overwrite=True, **remote_options(url))
 
 
 class SavePlanner(DefaultSavePlanner):
@@ -223,10 +223,6 @@ class CheckpointManager:
 
     def __init__(self, run_dir_url: str, cfg: CheckpointConfig, *, rank: int, world_size: int,
                  config_fingerprint: str, process_group=None, fence: Fence | None = None) -> None:
-        if cfg.async_mode not in ASYNC_MODES:
-            raise ValueError(f"checkpoint.async_mode is {cfg.async_mode!r}; choose one of {', '.join(ASYNC_MODES)}")
-        if cfg.keep_last < 1:
-            raise ValueError("checkpoint.keep_last must be at least 1: the newest checkpoint is never deleted")
         distributed = dist.is_available() and dist.is_initialized()
         if distributed and (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
             raise ValueError(f"CheckpointManager got rank {rank} of {world_size}, but torch.distributed says "

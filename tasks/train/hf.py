@@ -27,7 +27,8 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from tasks.llama import Transformer, canonical_name, rope_tables
 from tasks.model_config import ModelConfig
-from tasks.train.hf_folder import CONFIG, SMELT_META, local_folder, model_config, read_config  # noqa: F401 - read via hf too
+from tasks.train.hf_folder import (  # noqa: F401 - callers read the folder's names through hf too
+    CONFIG, SMELT_META, local_folder, model_config, read_config)
 from tasks.train.parallelize import assign_full_value
 
 GENERATION_CONFIG = "generation_config.json"

@@ -29,11 +29,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from tasks import branches, datasets as contract
 from tasks.config import from_dict
 from tasks.lease import ENV_EPOCH, Lease, LeaseError, LeaseHeld, LeaseLost, acquire
+from tasks.repo import REPO_ROOT, python_path
 from tasks.train import goodput
 from tasks.train.config import TrainConfig
 from tasks.train.exclude_hosts import EXCLUDE_HOSTS, excluded_hosts
@@ -41,7 +41,6 @@ from tasks.train.procs import free_port, stop_tree
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LEASE_TIMEOUT_S = 60.0  # a launcher that stops renewing its run folder's lease for this long can be taken over
 # Every torchrun agent smelt starts (here, Slurm, Kubernetes): a fresh c10d store per rendezvous round, hosted by
 # rank 0, instead of one store shared across rounds, whose keys of an earlier round would need a prefix that every
@@ -86,7 +85,7 @@ def start_torchrun(nproc: int, args: list[str], run_dir: str, max_restarts: int 
     run_id = hashlib.sha256(contract.normalize_url(run_dir).encode()).hexdigest()[:12]
     cmd = torchrun_command(nproc, args, run_id, max_restarts, rdzv_port or free_port(), nnodes, rdzv_conf)
     env = {**os.environ, **TORCHRUN_ENV, **(env or {}),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": python_path()}
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, start_new_session=True)
@@ -278,7 +277,7 @@ def run_agent(nproc: int, args: list[str], max_restarts: int, *, timeout_s: floa
     from tasks.train.agent import NodeAgent
 
     env = {**(env or {}),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": python_path()}
     agent = NodeAgent(args, nnodes=1, node_rank=0, nproc=nproc, master_addr="127.0.0.1", master_port=free_port(),
                       max_failures=max_restarts, env=env, cwd=str(REPO_ROOT), log_line=log_line)
     result: dict[str, int] = {}

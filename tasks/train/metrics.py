@@ -20,6 +20,7 @@ from tasks import datasets as contract
 from tasks import jsonlog
 from tasks.progress import StepProgress
 from tasks.tb_events import EventWriter
+from tasks.train.peaks import peak_bf16
 
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"  # <run_dir>/tensorboard/: `tensorboard --logdir <run_dir>/tensorboard`
@@ -27,23 +28,6 @@ TRAIN_RUN = "train"  # the trainer's TensorBoard run; the flows write the run's 
 NOT_SCALARS = {"step", "time", "group", "lease_epoch"}  # bookkeeping, not curves
 
 log = logging.getLogger(__name__)
-
-# Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, FLOP/s. Longer names
-# first: "H100 PCIe" must match before "H100".
-GPU_PEAK_BF16 = [
-    ("H100 NVL", 835e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),  # SXM
-    ("H200", 989e12),
-    ("GH200", 989e12),
-    ("B200", 2250e12),
-    ("B100", 1750e12),
-    ("A100", 312e12),
-    ("A10G", 70e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-    ("MI300X", 1307e12),
-]
 
 
 @cache
@@ -70,11 +54,9 @@ def gpu_peak_flops(name: str, dtype: torch.dtype = torch.bfloat16) -> float:
     rate, half the bf16 one; nothing in smelt enables TF32 (torch's default keeps fp32 matmuls in full
     fp32, several times slower), so it is an upper bound and an fp32 run's MFU reads low.
     """
-    for key, peak in GPU_PEAK_BF16:
-        if key in name:
-            break
-    else:
-        peak = 989e12
+    peak = peak_bf16(name)
+    if peak is None:
+        peak = peak_bf16("H100")
         log.warning("no peak FLOP/s known for GPU %r; assuming %.0f TFLOP/s for MFU", name, peak / 1e12)
     return peak if dtype in (torch.bfloat16, torch.float16) else peak / 2
 

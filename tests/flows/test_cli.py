@@ -93,3 +93,21 @@ def test_an_unreachable_prefect_api_url_is_one_sentence_within_10_s(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/api"
     result = _fails_fast(["eval", "--checkpoint", str(tmp_path)], env={"PREFECT_API_URL": url})
     assert "PREFECT_API_URL" in result.stderr and url in result.stderr.replace("\n", "")
+
+
+def test_smelt_launch_takes_every_job_default_from_jobspec_and_passes_each_option_on():
+    """One home for a cluster job's defaults: every JobSpec field with a default is a `smelt launch` option whose
+    default is read from JobSpec (a literal here would be a second copy to drift), and every option reaches it."""
+    import ast
+    import inspect
+    import textwrap
+
+    from infra.launch.job import JOB_DEFAULTS
+
+    source = ast.parse(textwrap.dedent(inspect.getsource(cli.launch)))
+    arguments = source.body[0].args
+    defaults = dict(zip([a.arg for a in arguments.args][-len(arguments.defaults):], arguments.defaults))
+    written = {name: ast.unparse(defaults[name]) for name in JOB_DEFAULTS if name in defaults}
+    assert written == {name: f"JOB_DEFAULTS['{name}']" for name in JOB_DEFAULTS}
+    body = ast.unparse(source)
+    assert "locals().items() if name in JOB_DEFAULTS" in body and "**options" in body

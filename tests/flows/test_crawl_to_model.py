@@ -165,6 +165,22 @@ def test_second_run_reuses_every_stage_in_seconds(first_run):
     assert elapsed < 30
 
 
+def test_the_data_stages_the_flow_plans_are_the_stages_it_ran(first_run):
+    """Whether to start Dask (data_stages_pending) and the run itself walk one graph (crawl_to_model.data_graph):
+    a stage added to the run is planned too, so a pending stage never runs without its Dask cluster."""
+    from flows.config import load_run_config
+    from flows.crawl_to_model import planned_data_urls, sample_task
+    from tasks.ingest.code.readers import expand_code_inputs
+    from tasks.ingest.readers import expand_inputs
+
+    root, summary, _ = first_run
+    cfg = load_run_config(None, OVERRIDES)
+    sample = sample_task.fn(root)  # the sample is there: this only names its files
+    web, code = expand_inputs(sample["web"]), expand_code_inputs(sample["code"], cfg.ingest_code.reader)
+    ran = [s["url"] for s in summary["stages"] if s["stage"] not in ("train", "eval")]
+    assert len(ran) == 7 and sorted(planned_data_urls(web, code, root, cfg)) == sorted(ran)
+
+
 def _kill_tree(pid: int) -> None:
     parent = psutil.Process(pid)
     for proc in parent.children(recursive=True) + [parent]:

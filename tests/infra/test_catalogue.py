@@ -38,3 +38,11 @@ def test_overrides_parse_from_field_equals_value():
         parse_overrides(["memory_gb"])
     with pytest.raises(ValueError, match="needs a number"):
         parse_overrides(["memory_gb=lots"])
+
+
+def test_every_catalogue_gpu_has_the_peak_that_mfu_divides_by():
+    """One table of peaks (tasks/train/peaks.py): the plan's MFU and the trainer's mean the same thing."""
+    from tasks.train.metrics import gpu_peak_flops
+
+    assert {name: gpu_peak_flops(g.label) for name, g in CATALOGUE.items()} == \
+        {name: g.peak_flops for name, g in CATALOGUE.items()}

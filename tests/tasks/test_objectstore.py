@@ -27,3 +27,31 @@ def test_an_s3_value_anywhere_is_checked_and_a_dead_endpoint_is_one_sentence(mon
     with pytest.raises(StoreError, match="cannot connect to the object store at http://127.0.0.1:9") as e:
         preflight_all("/local/root", ["web=s3://smelt-nowhere/tokens"])
     assert time.monotonic() - start < 15 and "\n" not in str(e.value)
+
+
+S3_SETTINGS = {"connect_timeout": 5.0, "read_timeout": 60.0, "retries": {"max_attempts": 3, "mode": "standard"}}
+
+
+def test_every_s3_client_smelt_opens_keeps_the_5_s_timeout_and_3_retries():
+    """One home for the S3 client's settings: ``datasets.filesystem`` (every reader and writer of datasets) and
+    DCP's checkpoint writer and reader get the same ones. fsspec replaces a config key passed as an argument
+    whole, so a second ``config_kwargs`` anywhere would drop the retries here. Building a client opens no
+    connection."""
+    from tasks import datasets
+    from tasks.checkpoints import storage_reader
+    from tasks.train.checkpoint import storage_writer
+
+    fs, _ = datasets.filesystem("s3://smelt-nowhere/a/b")
+    assert fs.config_kwargs == S3_SETTINGS
+    assert storage_writer("s3://smelt-nowhere/run/checkpoints/step-00000001").fs.fs.config_kwargs == S3_SETTINGS
+    assert storage_reader("s3://smelt-nowhere/run/checkpoints/step-00000001").fs.fs.config_kwargs == S3_SETTINGS
+
+
+def test_a_callers_own_timeouts_replace_only_the_timeouts():
+    from tasks.objectstore import remote_options
+
+    options = remote_options("s3://smelt-nowhere/x", 2.0, 7.0)
+    assert options == {"config_kwargs": {**S3_SETTINGS, "connect_timeout": 2.0, "read_timeout": 7.0}}
+    assert remote_options("file:///tmp/x") == {} and remote_options("memory://x", 2.0, 7.0) == {}
+    timeout = remote_options("https://example.org/x", read_s=9.0)["client_kwargs"]["timeout"]
+    assert (timeout.sock_connect, timeout.sock_read) == (30.0, 9.0)
