@@ -18,14 +18,19 @@ def _test_names(path: Path) -> set[str]:
     return {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-@pytest.mark.parametrize("doc", ["docs/design.md", "README.md"])
-def test_every_cited_test_exists(doc):
+def _missing_tests(text: str) -> list[str]:
     missing = []
-    for path, name in CITED.findall((REPO / doc).read_text()):
+    for path, name in CITED.findall(text):
         if not (REPO / path).is_file():
             missing.append(path)
         elif name and name not in _test_names(REPO / path):
             missing.append(f"{path}::{name}")
+    return missing
+
+
+@pytest.mark.parametrize("doc", ["docs/design.md", "README.md", "infra/README.md"])
+def test_every_cited_test_exists(doc):
+    missing = _missing_tests((REPO / doc).read_text())
     assert missing == [], f"{doc} cites tests that do not exist: {missing}"
 
 
@@ -85,11 +90,21 @@ def test_every_file_and_design_section_a_doc_cites_exists(doc):
     assert wrong == [], f"{doc} cites files or design sections that do not exist: {wrong}"
 
 
-def test_every_file_and_design_section_a_comment_or_docstring_cites_exists():
+def test_every_file_design_section_and_test_a_comment_or_docstring_cites_exists():
     names = _markdown_names()
     wrong = {}
     for folder in CODE:
         for path in sorted((REPO / folder).rglob("*.py")):
-            if found := _wrong_citations(_prose(path), names):
+            prose = _prose(path)
+            if found := _wrong_citations(prose, names) + _missing_tests(prose):
                 wrong[str(path.relative_to(REPO))] = found
     assert wrong == {}, f"comments and docstrings cite files or design sections that do not exist: {wrong}"
+
+
+def test_the_citation_checks_catch_a_missing_section_file_folder_markdown_and_test():
+    """The checks above can fail: each kind of wrong citation, in prose as a comment would hold it."""
+    prose = ("see DESIGN.md §9 and docs/design.md §99; tasks/nowhere.py, flows/gone/ and STYLE.md say so; "
+             "`tests/test_docs.py::test_that_was_renamed`. docs/design.md §1, tasks/datasets.py and tasks/ are fine.")
+    assert _wrong_citations(prose, _markdown_names()) == ["tasks/nowhere.py", "flows/gone/", "DESIGN.md §9",
+                                                          "design.md §99", "DESIGN.md", "STYLE.md"]
+    assert _missing_tests(prose) == ["tests/test_docs.py::test_that_was_renamed"]
