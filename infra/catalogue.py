@@ -24,7 +24,6 @@ from tasks.train.peaks import peak_bf16
 class GPU:
     name: str
     label: str
-    peak_tflops: float  # dense bf16
     memory_gb: float
     nvlink_gbps: float
     internode_gbps: float
@@ -33,29 +32,27 @@ class GPU:
     host_copy_gbps: float  # device → host copy (PCIe) for checkpoint staging
     hbm_tbps: float  # device memory bandwidth, TB/s (memory-bound recomputation)
     compute_efficiency: float  # achievable fraction of peak for the training math
+    peak_tflops: float = 0.0  # dense bf16; 0: the peak tasks/train/peaks.py lists for the label (MFU's too)
+
+    def __post_init__(self) -> None:
+        if not self.peak_tflops:
+            object.__setattr__(self, "peak_tflops", peak_bf16(self.label) / 1e12)
 
     @property
     def peak_flops(self) -> float:
         return self.peak_tflops * 1e12
 
 
-def _tflops(name: str) -> float:
-    return peak_bf16(name) / 1e12
-
-
 CATALOGUE: dict[str, GPU] = {
-    "a100": GPU("a100", "A100 80GB SXM", peak_tflops=_tflops("A100"), memory_gb=80, nvlink_gbps=300,
-                internode_gbps=25, gpus_per_node=8, price_per_hour=1.20, host_copy_gbps=25, hbm_tbps=2.039,
+    "a100": GPU("a100", "A100 80GB SXM", memory_gb=80, nvlink_gbps=300, internode_gbps=25,
+                gpus_per_node=8, price_per_hour=1.20, host_copy_gbps=25, hbm_tbps=2.039,
                 compute_efficiency=0.7396),
-    "h100": GPU("h100", "H100 SXM 80GB", peak_tflops=_tflops("H100"), memory_gb=80, nvlink_gbps=450,
-                internode_gbps=50, gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, hbm_tbps=3.35,
-                compute_efficiency=0.6241),
-    "h200": GPU("h200", "H200 SXM 141GB", peak_tflops=_tflops("H200"), memory_gb=141, nvlink_gbps=450,
-                internode_gbps=50, gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, hbm_tbps=4.8,
-                compute_efficiency=0.6241),
-    "b200": GPU("b200", "B200 180GB (HGX)", peak_tflops=_tflops("B200"), memory_gb=180, nvlink_gbps=900,
-                internode_gbps=50, gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0,
-                compute_efficiency=0.6241),
+    "h100": GPU("h100", "H100 SXM 80GB", memory_gb=80, nvlink_gbps=450, internode_gbps=50,
+                gpus_per_node=8, price_per_hour=2.00, host_copy_gbps=50, hbm_tbps=3.35, compute_efficiency=0.6241),
+    "h200": GPU("h200", "H200 SXM 141GB", memory_gb=141, nvlink_gbps=450, internode_gbps=50,
+                gpus_per_node=8, price_per_hour=2.50, host_copy_gbps=50, hbm_tbps=4.8, compute_efficiency=0.6241),
+    "b200": GPU("b200", "B200 180GB (HGX)", memory_gb=180, nvlink_gbps=900, internode_gbps=50,
+                gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0, compute_efficiency=0.6241),
 }
 # Variants that published runs used (infra/validation.py): A100 40GB; the H100 in Meta's Grand Teton hosts
 # that torchtitan benchmarked (96 GB HBM2e at 2.4 TB/s, 500 W power limit, so below the SXM peak by an
