@@ -232,6 +232,17 @@ def test_no_import_cycle_between_the_repositorys_modules():
     assert found == [], "import cycles:\n" + "\n".join(found)
 
 
+def test_the_planner_and_the_typed_config_load_without_torch():
+    """`smelt plan` and config validation are arithmetic: importing them must not load torch or safetensors
+    (the typed train config once reached both through hf.py, for one init_from check)."""
+    import subprocess
+
+    code = ("import sys, infra.planner, infra.commands, tasks.train.config, tasks.branches, tasks.checkpoint_layout; "
+            "print(sorted(m for m in ('torch', 'safetensors') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 # -- module size -------------------------------------------------------------------------------------------------
 
 MAX_LINES = 500
