@@ -143,7 +143,8 @@ class ReplicaGroup:
                                  world_size=self.world_size)
         self.dims.build_mesh(self.device.type)
         data = cfg.data
-        self.micro = micro_batch(data.global_batch, data.micro_batch, cfg.parallel.dp_replicate)
+        self.groups = cfg.parallel.dp_replicate
+        self.micro = micro_batch(data.global_batch, data.micro_batch, self.groups)
         # A loader whose "global batch" is one micro-batch: batch_at(start) is this rank's slice of the
         # micro-batch starting at any global sample index.
         self.loader = TokenLoader(datasets, dict(data.mixture) or None, split="train", seq_len=data.seq_len,
@@ -189,7 +190,8 @@ class ReplicaGroup:
         # A group started into a run that has committed steps must heal from a live peer before it commits one
         # (else, alone in a quorum, it would train step 1 again from fresh weights).
         self.joining = self._run_step_on_rank0() > 0
-        self._joining_since: float | None = None
+        self.starting = not self.joining  # a fresh run's first step waits for every group (``_wait_at_step_zero``)
+        self._waiting_since: float | None = None
         if self.rank == 0:
             mark_up(self.run_dir, replica_id)
 
@@ -235,10 +237,10 @@ class ReplicaGroup:
         step = self.manager.current_step() + 1  # after healing: the peers' step
         if step > self.cfg.steps:  # healed from a peer that has finished the run
             return None
-        if self.joining and self.manager.current_step() == 0:
-            return self._vote_no_peer_yet()
-        self.joining = False
         participants, rank = self.manager.num_participants(), self.manager.participating_rank()
+        if self.manager.current_step() == 0 and (self.joining or (self.starting and participants < self.groups)):
+            return self._wait_at_step_zero()
+        self.joining = self.starting = False
         shares = batch_shares(step, self.cfg.data.global_batch, self.micro, participants)
         mine = shares[rank] if rank is not None else (0, 0)
 
@@ -310,17 +312,28 @@ class ReplicaGroup:
             dist.broadcast_object_list(step, src=0)
         return step[0]
 
-    def _vote_no_peer_yet(self) -> None:
-        """A joining group in a quorum with no peer ahead of it (its peers are mid-step, or held): vote the step
-        down without computing it and try the next quorum. A live peer joins within ``ft.timeout_s``; past that,
-        every group was lost, and this one resumes from the newest storage checkpoint (``_resume_from_storage``)."""
-        if self._joining_since is None:
-            self._joining_since = time.monotonic()
-        self.manager.report_error(RuntimeError("joining: no live peer in this quorum to heal from"))
+    def _wait_at_step_zero(self) -> None:
+        """Vote this quorum down without computing its step, and try the next, while
+
+        - *joining* (started into a run that has committed steps): no peer ahead of this group is in the quorum
+          (peers mid-step, or held) to heal from. A live peer joins within ``ft.timeout_s``; past that, every
+          group was lost, and this one resumes from the newest storage checkpoint (``_resume_from_storage``);
+        - *starting* a fresh run: not every group is in the quorum yet. Without this, the first group up trains
+          the first steps alone, and one lost before the others are up leaves them nobody to heal from. Past
+          ``ft.quorum_timeout_s`` the run starts with the groups that are there."""
+        if self._waiting_since is None:
+            self._waiting_since = time.monotonic()
+        reason = "joining: no live peer ahead in this quorum to heal from" if self.joining else \
+            "starting: not every replica group is in this quorum yet"
+        self.manager.report_error(RuntimeError(reason))
         self.manager.should_commit()
         self.manager._quorum_id = -1  # as after any discarded step (see step())
-        if time.monotonic() - self._joining_since > self.cfg.ft.timeout_s:
+        waited = time.monotonic() - self._waiting_since
+        if self.joining and waited > self.cfg.ft.timeout_s:
             self._resume_from_storage()
+        elif self.starting and waited > self.cfg.ft.quorum_timeout_s:
+            log.warning("group %d: starting without every replica group after %.0f s", self.replica_id, waited)
+            self.starting = False
         else:
             time.sleep(self.cfg.ft.join_timeout_ms / 4000)  # well inside the Lighthouse's wait for a healthy joiner
         return None
