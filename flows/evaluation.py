@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import (StageOutcome, artifact_key, fails_in_one_sentence, one_sentence_failures, planned_output,
                           publish_run_report, retry_options)
-from tasks import datasets
+from tasks import datasets, eval_holds
 from tasks.checkpoints import resolve as resolve_checkpoint, run_dir_of, step_of
 from tasks.config import from_dict
 from tasks.eval.config import EvalConfig
@@ -90,7 +90,16 @@ def _loss_plot(run_dir: str, evaluations: list[dict]) -> bytes | None:
 @one_sentence_failures(STAGE)
 def eval_task(checkpoint: str, data: str | None, root: str | None, config: dict) -> dict:
     """Evaluate (or look up the evaluation of) one checkpoint; returns a StageOutcome dict + metrics,
-    or ``skipped`` with the reason when the checkpoint is gone."""
+    or ``skipped`` with the reason when the checkpoint is gone. Either way its eval hold is released
+    (tasks/eval_holds.py: retention may delete it now); a failed eval keeps it, for a retry, until it expires."""
+    outcome = _eval_checkpoint(checkpoint, data, root, config)
+    step_url = outcome["checkpoint"]
+    if step_of(step_url) is not None:
+        eval_holds.release(run_dir_of(step_url), step_of(step_url))
+    return outcome
+
+
+def _eval_checkpoint(checkpoint: str, data: str | None, root: str | None, config: dict) -> dict:
     logger = get_run_logger()
     cfg = from_dict(EvalConfig, config)
     requested = datasets.normalize_url(checkpoint)

@@ -23,12 +23,12 @@ from prefect.events import emit_event
 from flows.common import (StageOutcome, artifact_key, fails_in_one_sentence, one_sentence_failures, publish_run_report,
                           retry_options)
 from flows.config import LaunchConfig
-from tasks import datasets
+from tasks import datasets, eval_holds
 from tasks.config import from_dict
 from prefect.runtime import flow_run
 
 from tasks.branches import check_request, parse_skip_steps
-from tasks.checkpoints import finished_run, list_committed, named_checkpoint, relative_step
+from tasks.checkpoints import finished_run, is_committed, list_committed, named_checkpoint, relative_step
 from tasks.lease import Lease, LeaseError
 from tasks.objectstore import preflight_all
 from tasks.train.config import TrainConfig, parse_data
@@ -56,8 +56,8 @@ class CheckpointPublisher:
     the flow run, which starts a new publisher on the same run folder, never republishes a commit.
     """
 
-    def __init__(self, run_dir: str, run_name: str, root: str):
-        self.run_dir, self.run_name, self.root = run_dir, run_name, root
+    def __init__(self, run_dir: str, run_name: str, root: str, hold_minutes: float):
+        self.run_dir, self.run_name, self.root, self.hold_minutes = run_dir, run_name, root, hold_minutes
         self.marker = datasets.join(run_dir, PUBLISHED)
         fs, path = datasets.filesystem(self.marker)
         self.published: set[int] = set(json.loads(fs.cat_file(path))) if fs.exists(path) else set()
@@ -65,6 +65,12 @@ class CheckpointPublisher:
     def poll(self) -> None:
         new = [c for c in list_committed(self.run_dir, checksums=False) if c["step"] not in self.published]
         for ckpt in new:
+            # Held before the event goes out, so retention keeps it for its eval (tasks/eval_holds.py); one that
+            # retention deleted in between is not published at all.
+            eval_holds.hold(self.run_dir, ckpt["step"], self.hold_minutes)
+            if not is_committed(ckpt["url"]):
+                eval_holds.release(self.run_dir, ckpt["step"])
+                continue
             create_link_artifact(
                 key=artifact_key(f"smelt-checkpoint-{self.run_name}"),
                 link=ckpt["url"],
@@ -173,7 +179,7 @@ def _train_leased(sources: dict[str, str], root: str, cfg: TrainConfig, config: 
     if finished is not None:  # launch_training (prepare_run) unfinishes it and records what changed
         logger.info(f"train: run {url} finished at step {finished.meta['step']}; continuing to step {cfg.steps}")
 
-    publisher = CheckpointPublisher(url, fp, datasets.normalize_url(root))
+    publisher = CheckpointPublisher(url, fp, datasets.normalize_url(root), cfg.checkpoint.eval_hold_minutes)
     stop = threading.Event()
     # The follower runs in a copy of this task's context so its artifacts and events belong to the task run.
     follower = threading.Thread(target=contextvars.copy_context().run, args=(publisher.follow, stop), daemon=True)

@@ -60,7 +60,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
-from tasks import datasets
+from tasks import datasets, eval_holds
 from tasks.checkpoints import (
     DCP_METADATA,
     KIND,
@@ -462,6 +462,7 @@ class CheckpointManager:
         keep = set(committed[-self.cfg.keep_last:])
         if self.cfg.keep_every > 0:
             keep |= {s for s in committed if s % self.cfg.keep_every == 0}
+        keep |= eval_holds.held_steps(self.run_dir_url) & set(committed)  # published, its eval not yet run
         for step, url in dirs.items():
             if step in keep:
                 continue

@@ -129,6 +129,7 @@ class CheckpointConfig:
     interval_minutes: float = 0.0  # 0: steps only
     keep_last: int = 2
     keep_every: int = 0  # also keep every N-th step (0: none)
+    eval_hold_minutes: float = 30.0  # a published checkpoint outlives retention this long for its eval (eval_holds.py)
     async_mode: str = "thread"  # off | thread | process
 
     def __post_init__(self) -> None:

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from flows import local_server
-from tasks import datasets
+from tasks import datasets, eval_holds
 from tests.flows.tiny_run import TINY_RUN
 
 pytestmark = pytest.mark.slow
@@ -219,6 +219,8 @@ def test_eval_deployment_runs_once_per_committed_checkpoint_under_the_runs_root(
     runs = api.runs_of("eval/eval")
     assert sorted(r["parameters"]["checkpoint"] for r in runs) == sorted(committed)
     assert {r["state_type"] for r in runs} == {"COMPLETED"}
+    for run_dir in run_dirs(root):  # each publication held its checkpoint for retention; each eval released it
+        assert (run_dir / eval_holds.HOLDS_DIR).is_dir() and eval_holds.held_steps(str(run_dir)) == set()
     assert {r["parameters"]["root"] for r in runs} == {root}
     evals = [json.loads(p.read_text()) for p in Path(datasets.filesystem(root)[1], "eval").glob("*/manifest.json")]
     assert sorted(e["meta"]["checkpoint"] for e in evals) == sorted(committed)

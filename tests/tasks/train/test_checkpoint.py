@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-from tasks import datasets
+from tasks import datasets, eval_holds
 from tasks.checkpoints import list_committed, step_url, verify_checkpoint
 from tasks.train import checkpoint as checkpoint_module
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
@@ -379,6 +379,20 @@ def test_retention_keeps_the_last_k_and_every_nth(tmp_path):
     save_steps(tmp_path, range(1, 11), keep_last=2, keep_every=4)
     assert step_folders(tmp_path) == [4, 8, 9, 10]
     assert [c["step"] for c in list_committed(str(tmp_path))] == [4, 8, 9, 10]
+
+
+def test_retention_keeps_a_checkpoint_held_for_its_eval_until_released_or_expired(tmp_path):
+    """keep_last=1 with an eval hold on step 1 (published, its triggered eval not yet run): step 1 outlives
+    steps 2 and 3; released, the next save's retention deletes it. An expired hold keeps nothing."""
+    save_steps(tmp_path, [1], keep_last=1)
+    eval_holds.hold(str(tmp_path), 1, minutes=30)
+    eval_holds.hold(str(tmp_path), 2, minutes=30, now=time.time() - 3600)  # expired an hour ago
+    save_steps(tmp_path, [2, 3], keep_last=1)
+    assert step_folders(tmp_path) == [1, 3]
+    eval_holds.release(str(tmp_path), 1)
+    save_steps(tmp_path, [4], keep_last=1)
+    assert step_folders(tmp_path) == [4]
+    assert eval_holds.held_steps(str(tmp_path)) == set()
 
 
 def test_retention_removes_crashed_saves_and_an_abandoned_future(tmp_path):
