@@ -35,9 +35,9 @@ QUORUM_S = Figure(0.0019, "s", "measured here: `python bench/replica_overhead.py
 COMMIT_S = Figure(0.00065, "s", "measured here: `python bench/replica_overhead.py` commit_s 0.73, 0.60, 0.61 ms "
                                 "(Manager.should_commit, the commit vote); same caveat as the quorum", verified=False)
 # What each rank all-reduces across groups, per parameter of its shard: replica_group.ReplicaGroup._allreduce
-# concatenates every gradient and the loss into one flat float64 tensor after the backward pass (not overlapped).
-ALLREDUCE_BYTES_PER_PARAM = Figure(8.0, "B", "smelt: tasks/train/replica_group.py ReplicaGroup._allreduce (one flat "
-                                             "float64 all-reduce through torchft's Manager after backward)")
+# concatenates every gradient and the loss into one flat float32 tensor after the backward pass (not overlapped).
+ALLREDUCE_BYTES_PER_PARAM = Figure(4.0, "B", "smelt: tasks/train/replica_group.py ReplicaGroup._allreduce (one flat "
+                                             "float32 all-reduce through torchft's Manager after backward)")
 
 # No source: assumptions, each a planner parameter.
 RECONFIGURE_S = Figure(10.0, "s", "ASSUMPTION, no source: torchft's Manager rebuilding the cross-group process group "

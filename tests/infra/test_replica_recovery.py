@@ -49,10 +49,10 @@ def test_slowdown_is_the_busiest_survivors_whole_micro_batches(groups, microbatc
     assert slowdown(groups, microbatches) == pytest.approx(expected)
 
 
-def test_step_overhead_is_the_quorum_a_ring_all_reduce_of_float64_gradients_and_the_vote():
+def test_step_overhead_is_the_quorum_a_ring_all_reduce_of_float32_gradients_and_the_vote():
     o = step_overhead(1e9, 4, 50.0)
-    assert o.allreduce_s == pytest.approx(8 * 1e9 * 1.5 / 50e9)  # 0.24 s
-    assert o.total == pytest.approx(0.24 + QUORUM_S.value + COMMIT_S.value)
+    assert o.allreduce_s == pytest.approx(4 * 1e9 * 1.5 / 50e9)  # 0.12 s
+    assert o.total == pytest.approx(0.12 + QUORUM_S.value + COMMIT_S.value)
     with pytest.raises(ValueError):
         step_overhead(1e9, 1, 50.0)
 
@@ -91,8 +91,8 @@ def test_the_replica_step_is_one_groups_step_plus_the_protocol_with_the_whole_jo
                       H100, SEED.global_seqs // 4, SEED.timing)
     assert step.total == pytest.approx(group.total + overhead.total)
     assert step.tokens_per_step == SEED.global_seqs * SEED.seq_len and step.world == 4096
-    # gradient shard of 70B / (tp 2 × 512 ranks), float64, ring over 4 groups, at the H100's inter-node rate
-    assert overhead.allreduce_s == pytest.approx(8 * SEED.shape.cfg.num_params() / 1024 * 1.5 / 50e9)
+    # gradient shard of 70B / (tp 2 × 512 ranks), float32, ring over 4 groups, at the H100's inter-node rate
+    assert overhead.allreduce_s == pytest.approx(4 * SEED.shape.cfg.num_params() / 1024 * 1.5 / 50e9)
 
 
 def test_the_goodput_is_one_minus_the_loss_per_failure_over_the_mtbf_times_the_disasters():
