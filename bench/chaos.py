@@ -62,6 +62,10 @@ node's rank dies, its agent counts a restart; the other agent restarts its healt
 and counts none. The two ranks then join different namespaces, one finds the previous group's keys (gloo
 "connectFullMesh ... Connection refused"), and the job fails again and again, or stalls, instead of resuming.
 
+``--replicas`` runs only the faults of fault-tolerant replica groups (torchft, ``[train.ft]``): 2 groups of 1 and of 2
+ranks, a rank killed, a group killed, a group hung, the Lighthouse killed, each against a fault-free run
+(bench/chaos_replicas.py defines those figures).
+
 Prints one JSON line on stdout; progress on stderr. ``--quick``: 40 steps, one run per path with a fault of each
 kind (the smoke test). ``--log-dir``: every agent's and rank's output, one file per run.
 """
@@ -763,7 +767,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-fault", action="store_true", help="also list every fault's figures in the JSON")
     parser.add_argument("--log-dir", help="write each run's agent and rank output to a file here")
     parser.add_argument("--keep", action="store_true", help="keep the run folders (their paths go to stderr)")
+    replica = parser.add_argument_group("replica groups (bench/chaos_replicas.py defines every figure)")
+    replica.add_argument("--replicas", action="store_true",
+                         help="run only the replica-group faults: 2 torchft groups x 1 and x 2 ranks, a rank killed, "
+                              "a group killed, a group hung, the Lighthouse killed, each against a fault-free run")
+    replica.add_argument("--replica-layouts", default="2x1,2x2", help="of 2x1, 2x2 (default both)")
+    replica.add_argument("--replica-steps", type=int, default=200, help="steps of every replica run (default 200)")
+    replica.add_argument("--replica-fault-step", type=int, default=20,
+                         help="the step each replica fault hits (default 20)")
+    replica.add_argument("--replica-timeout", type=float, default=3.0,
+                         help="[train.ft] timeout_s: cross-group collectives, and how long a group may stay behind "
+                              "before the supervisor deems it hung (default 3)")
+    replica.add_argument("--rtol", type=float, default=1e-5,
+                         help="relative tolerance against the fault-free run (default 1e-5)")
     args = parser.parse_args(argv)
+    if args.replicas:
+        return replica_main(parser, args)
     if args.quick:
         args.steps, args.interval, args.gap, args.faults, args.per_run = 40, 20, 4, len(KINDS), len(KINDS)
         if args.storage_faults is None:
@@ -831,6 +850,36 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
     })
     print(json.dumps(out))
+    return 0
+
+
+def replica_main(parser: argparse.ArgumentParser, args) -> int:
+    """``--replicas``: only the replica-group faults (bench/chaos_replicas.py); one JSON line as ``main``'s."""
+    from bench.chaos_replicas import LAYOUTS, run_replicas
+
+    args.replica_layouts = [n.strip() for n in args.replica_layouts.split(",") if n.strip()]
+    if not args.replica_layouts or any(n not in LAYOUTS for n in args.replica_layouts):
+        parser.error(f"--replica-layouts takes a comma-separated list of {', '.join(LAYOUTS)}")
+    if not 2 <= args.replica_fault_step <= args.replica_steps - 8:
+        parser.error("--replica-fault-step must be at least 2 and at most --replica-steps - 8")
+    if args.log_dir:
+        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank, as main() says why
+    load = LoadSampler()
+    started = time.monotonic()
+    root = Path(tempfile.mkdtemp(prefix="smelt-chaos-replicas-"))
+    say(f"replica groups {', '.join(args.replica_layouts)}: {args.replica_steps} steps, faults at step "
+        f"{args.replica_fault_step}; work in {root}")
+    try:
+        figures_ = run_replicas(args, root, make_corpus(str(root / "corpus")), say)
+    except RuntimeError as e:
+        say(str(e))
+        return 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps({"bench": "chaos", **figures_, "load_avg": load.result(),
+                      "wall_s": round(time.monotonic() - started, 1), "code_version": code_version("tasks.train")}))
     return 0
 
 

@@ -10,10 +10,12 @@ What torchft leaves to smelt, and where it is covered:
   current quorum, so the supervisor restarts it on the same port as soon as it exits, and each group retries
   its quorum (``ReplicaGroup._quorum``) until the new one answers. Steps in flight when it died are
   discarded by the commit vote and retried: no committed step is lost.
-- **A hung group** (a stopped rank, a deadlock: its processes live on) is dropped from the quorum by the
-  Lighthouse once its heartbeats stop, or is simply left behind while its heartbeats go on; either way nothing in
-  torchft ends it, so it never comes back. The supervisor kills and restarts a group that stays behind the others'
-  newest committed step for ``ft.timeout_s`` once it is up (``ReplicaGroups._kill_hung``).
+- **A hung group** (a stopped rank, a deadlock: its processes live on) is never ended by torchft. Whole, it is
+  dropped from the quorum when its heartbeats stop, and never comes back; with one rank stopped, its Manager
+  (on the group's rank 0) heartbeats on, and the Lighthouse, which wants more than half of the heartbeating
+  groups in a quorum, stalls every group (with two groups, until the quorum timeout fails them all). The
+  supervisor kills and restarts a group that stays behind the others' newest committed step, or holds a stopped
+  process, for ``ft.timeout_s`` (``ReplicaGroups._kill_hung``, which says what it does not cover).
 - **A fixed global batch, every sample exactly once**: replica_group.py; ``merge_records`` proves it per step
   from the groups' own records and writes the run's ``metrics.jsonl`` (one record per committed step, with
   ``samples`` for tasks/trace's ledger and each participant's ``shares``).
@@ -113,6 +115,8 @@ class Group:
     up_at: float | None = None  # when this start was first seen up (its Manager built)
     newest: int | None = None  # the newest step its record held at the last check
     behind_since: float | None = None  # since when another group holds a newer committed step
+    stopped_since: float | None = None  # since when one of its processes is stopped
+    killed: bool = False  # killed as hung; its exit is restarted by the next round
 
 
 def group_command(nproc: int, args: list[str], replica_id: int, run_dir: str) -> tuple[list[str], dict[str, str]]:
@@ -158,7 +162,9 @@ class ReplicaGroups:
     def _start_group(self, group: Group) -> None:
         cmd, extra = group_command(self.group_nproc, self.args, group.replica_id, self.run_dir)
         env = {**self.env, **extra, REPLICA_ENV: str(group.replica_id)}
-        group.up_before, group.up_at, group.behind_since = up_count(self.run_dir, group.replica_id), None, None
+        group.up_before, group.up_at = up_count(self.run_dir, group.replica_id), None
+        group.behind_since = group.stopped_since = None
+        group.killed = False
         group.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, bufsize=1, start_new_session=True)
         group.starts.append(time.time())
@@ -196,36 +202,50 @@ class ReplicaGroups:
         return 0 if all(g.done for g in self.groups) else None
 
     def _kill_hung(self, now: float) -> None:
-        """Kill a group that is up but has stayed behind another group's newest committed step for ``ft.timeout_s``
-        (the next round restarts it, and it heals from a live peer).
+        """Kill a group that is hung for ``ft.timeout_s`` (the next round restarts it, and it heals from a live
+        peer): once up, it stayed behind another group's newest committed step, or one of its processes is stopped.
 
-        torchft cannot: a group whose rank is stopped (SIGSTOP, a deadlock, a host that stalls) keeps its
-        processes; the Lighthouse drops it from the quorum when its heartbeats stop (or leaves it out of each
-        quorum after ``join_timeout_ms`` while its Manager still heartbeats), the others step on without it, and
-        it never exits, so the run could neither get its replica back nor finish. Why "behind the others' newest
-        step" and not "no step for a while": a Lighthouse that is away, or a survivor held at a gate, stops every
-        group alike, and no group is behind then; a healthy group commits each step with the quorum, so it is
-        behind only between another's record and its own (milliseconds). Why only once it is up (its Manager
-        built, ``replica_group.mark_up``): a group's start (interpreter, imports, the model) can take longer than
-        ``ft.timeout_s`` on a loaded host, and is not a hang. A group still running after another finished the
-        run is behind the last step, so it is ended the same way (it has nothing left to do)."""
+        torchft cannot: a hung group's processes live on. Stopped whole, its heartbeats stop and the Lighthouse
+        drops it; the others step on, but it never exits, so the run gets neither its replica back nor its end.
+        With one rank of a multi-rank group stopped, the group's Manager server (on its rank 0) heartbeats on
+        while its quorum waits for that rank; the Lighthouse then wants more than half of the heartbeating groups
+        in a quorum (torchft's split-brain guard), so with two groups nobody steps, until the quorum timeout
+        (``ft.quorum_timeout_s``) fails every group at once and the run falls back to storage.
+
+        Why "behind the others' newest step" and not "no step for a while": a Lighthouse that is away, or a
+        survivor held at a gate, stops every group alike, and no group is behind then; a healthy group commits each
+        step with its quorum, so it is behind only between another's record and its own (milliseconds). Why only
+        once it is up (its Manager built, ``replica_group.mark_up``): a start (interpreter, imports, the model) can
+        take longer than ``ft.timeout_s`` on a loaded host, and is not a hang. A group still running after another
+        finished the run is behind the last step, so it is ended the same way (it has nothing left to do). Why
+        stopped processes: they are the stall the first rule cannot see, every group stalled by one stopped rank.
+        Not covered: a rank deadlocked while running (not stopped) in a multi-rank group of a two-group job stalls
+        every group alike, until ``ft.quorum_timeout_s``."""
         timeout = self.cfg.ft.timeout_s
-        live = [g for g in self.groups if not g.done and g.proc is not None and g.proc.poll() is None]
+        live = [g for g in self.groups if not (g.done or g.killed) and g.proc is not None and g.proc.poll() is None]
         newest = {g.replica_id: newest_step(self.run_dir, g.replica_id) for g in self.groups}
         front = max(newest.values(), default=0)
         for group in live:
             if group.up_at is None and up_count(self.run_dir, group.replica_id) > group.up_before:
                 group.up_at = now
+            stopped = stopped_processes(group.proc)
+            group.stopped_since = (group.stopped_since or now) if stopped else None
             mine = newest[group.replica_id]
             if mine != group.newest or mine >= front:  # it committed a step since the last check, or leads
                 group.newest, group.behind_since = mine, None
-                continue
-            group.behind_since = group.behind_since or now
-            if group.up_at is None or now - max(group.behind_since, group.up_at) <= timeout:
+            else:
+                group.behind_since = group.behind_since or now
+            if group.stopped_since is not None and now - group.stopped_since > timeout:
+                why = f"process(es) {stopped} stopped for over ft.timeout_s ({timeout:g} s)"
+            elif (group.behind_since is not None and group.up_at is not None
+                  and now - max(group.behind_since, group.up_at) > timeout):
+                why = (f"its newest committed step is {mine}, another group's is {front}, for over ft.timeout_s "
+                       f"({timeout:g} s)")
+            else:
                 continue
             self.hung_kills += 1
-            self.log_line(f"replicas: group {group.replica_id} is hung: its newest committed step is {mine}, another "
-                          f"group's is {front}, for over ft.timeout_s ({timeout:g} s); killing it")
+            group.killed = True
+            self.log_line(f"replicas: group {group.replica_id} is hung: {why}; killing it")
             self.kill_group(group.replica_id)
 
     def run(self, *, timeout_s: float | None = None, stop: threading.Event | None = None) -> int:
@@ -271,6 +291,24 @@ class ReplicaGroups:
                 p.send_signal(signal.SIGKILL)
             except psutil.NoSuchProcess:
                 pass
+
+
+def stopped_processes(proc: subprocess.Popen) -> list[int]:
+    """The pids of ``proc``'s tree (a group: its torchrun agent and ranks, or its one rank) that are stopped."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    stopped = []
+    for p in tree:
+        try:
+            if p.status() == psutil.STATUS_STOPPED:
+                stopped.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return stopped
 
 
 def up_count(run_dir: str, replica_id: int) -> int:

@@ -3,6 +3,10 @@ gloo, the tiny model; a SIGKILLed group, a SIGKILLed Lighthouse, against a fault
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -214,3 +218,115 @@ def test_two_groups_of_two_fsdp_ranks_heal_a_killed_rank_and_end_with_the_fault_
     got, want = final_weights(run_dir), final_weights(reference["run_dir"])
     for name in want:
         assert torch.allclose(got[name], want[name], rtol=1e-5, atol=1e-7), name
+
+
+# -- a hung group -------------------------------------------------------------------------------------------
+
+
+def test_newest_step_reads_the_last_whole_record_of_a_long_record_cut_by_a_kill(tmp_path):
+    run_dir = str(tmp_path)
+    path = tmp_path / "replicas" / "group-1" / "metrics.jsonl"
+    path.parent.mkdir(parents=True)
+    lines = [f'{{"step": {s}, "loss": 1.0, "pad": "{"x" * 200}"}}\n' for s in range(1, 2001)]  # ~450 KB
+    path.write_text("".join(lines) + '{"resumed_from": 3}\n{"step": 2001, "lo')  # a mark, then a cut line
+    assert replicas.newest_step(run_dir, 1) == 2000
+    assert replicas.newest_step(run_dir, 0) == 0  # no record yet
+
+
+def test_stopped_processes_names_a_stopped_process_of_the_tree_and_only_while_it_is_stopped():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        assert replicas.stopped_processes(proc) == []
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not replicas.stopped_processes(proc) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert replicas.stopped_processes(proc) == [proc.pid]
+        os.kill(proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while replicas.stopped_processes(proc) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert replicas.stopped_processes(proc) == []
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def run_hung(corpus: str, run_dir: str, groups: int, group_size: int, faults: str) -> tuple[replicas.ReplicaGroups,
+                                                                                              dict, list[str]]:
+    """Run ``groups`` groups of ``group_size`` ranks to the end under ``faults``; (supervisor, merged, log lines).
+    The hung group hangs at its first step, which it reaches whatever step the others are at (no race); a fresh
+    run's first step may wait up to ft.quorum_timeout_s for every group, 10 s here."""
+    cfg_dict = replica_config(faults=faults)
+    cfg_dict["parallel"].update(dp_replicate=groups, dp_shard=group_size)
+    cfg_dict["ft"]["quorum_timeout_s"] = 10
+    cfg = from_dict(TrainConfig, cfg_dict)
+    data = {"main": corpus}
+    args = prepare_run(data, cfg_dict, run_dir)
+    replicas.write_lineage(run_dir, cfg, data)
+    lines: list[str] = []
+    supervisor = replicas.ReplicaGroups(cfg, args, run_dir, groups * group_size, log_line=lines.append).start()
+    status = supervisor.run(timeout_s=WAIT_S)
+    assert status == 0, "\n".join(lines[-40:])
+    merged = replicas.merge_records(run_dir, groups, GLOBAL_BATCH)
+    assert not merged["problems"], merged["problems"]
+    return supervisor, merged, lines
+
+
+@pytest.mark.slow
+def test_a_deadlocked_group_left_behind_is_killed_and_restarted_and_the_run_finishes_exactly_once(
+        corpus, reference, tmp_path):
+    """Three groups of one rank. Group 2 deadlocks at its first step: it holds there until it was itself restarted,
+    which only a kill can bring about; its process runs (not stopped) and its Manager heartbeats on, so the
+    Lighthouse keeps it healthy and gives groups 0 and 1 (more than half of three) each quorum after
+    ft.join_timeout_ms. They step on, group 0 held at step 12 until group 2 is back up (a gate: the survivors cannot
+    finish first). Only the supervisor's rule "behind the others' newest committed step for ft.timeout_s" ends
+    group 2."""
+    run_dir = str(tmp_path / "run")
+    supervisor, merged, lines = run_hung(corpus, run_dir, 3, 1, "hold:rank=2,step=1,replica=2;"
+                                                                "hold:rank=0,step=12,replica=2")
+    assert supervisor.hung_kills == 1 and [g.restarts for g in supervisor.groups] == [0, 0, 1]
+    assert any("its newest committed step is 0" in line for line in lines)
+    restarted = replicas.group_records(run_dir, 2)
+    assert restarted and restarted[0]["time"] > supervisor.groups[2].starts[-1]
+    assert 1 < restarted[0]["step"] <= 12  # healed from a survivor, not trained from step 1
+    assert_every_sample_once(run_dir)
+    # Three groups sum the gradients in another order than the two of the reference: equal up to rounding.
+    assert merged["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_one_stopped_rank_of_a_two_rank_group_is_found_and_its_group_restarted(corpus, reference, tmp_path):
+    """Rank 1 of group 1 (global rank 3) is SIGSTOPped at its first step. Its group's Manager, on rank 0, heartbeats
+    on, so torchft's Lighthouse neither drops group 1 nor gives group 0 a quorum without it (more than half of the
+    heartbeating groups must join): every group stalls alike, none is behind. The supervisor's stopped-process rule
+    kills group 1 after ft.timeout_s, and the run finishes exactly once on the fault-free losses."""
+    run_dir = str(tmp_path / "run")
+    supervisor, merged, lines = run_hung(corpus, run_dir, 2, 2, "stop:rank=3,step=1;hold:rank=0,step=12,replica=1")
+    assert supervisor.hung_kills == 1 and [g.restarts for g in supervisor.groups] == [0, 1]
+    assert any("stopped for over ft.timeout_s" in line for line in lines)
+    assert_every_sample_once(run_dir)
+    assert merged["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_replica_run_launched_again_with_more_steps_resumes_from_its_newest_checkpoint(corpus, tmp_path):
+    """A launch (a continuation, a Prefect retry) is not a restart: every group loads the newest storage
+    checkpoint at once and they step on together; no group waits ft.timeout_s for a peer to heal from."""
+    from tasks.train.launch import launch_training
+
+    run_dir = str(tmp_path / "run")
+    lines: list[str] = []
+    for steps in (4, 8):
+        cfg = replica_config(steps=steps)
+        cfg["checkpoint"] = {"interval_steps": 4}
+        result = launch_training(data={"main": corpus}, config=cfg, run_dir=run_dir, nproc=2, timeout_s=WAIT_S,
+                                 log=lines.append)
+        assert result["returncode"] == 0 and result["summary"]["steps"] == steps
+    assert [c["step"] for c in list_committed(run_dir)] == [4, 8]
+    for g in (0, 1):
+        assert [r["step"] for r in replicas.group_records(run_dir, g)] == list(range(1, 9))
+    assert sum("(a new launch of the run): resumed from the storage checkpoint of step 4" in line
+               for line in lines) == 2
+    assert not any("every group was lost" in line for line in lines)
+    assert ledger(open_run(run_dir))["exactly_once"]
