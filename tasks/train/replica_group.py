@@ -57,6 +57,7 @@ from tasks.train.parallelize import check_model_fits, materialize, parallelize_m
 log = logging.getLogger(__name__)
 
 REPLICA_ENV = "SMELT_REPLICA_ID"
+RESTARTED_ENV = "SMELT_REPLICA_RESTARTED"  # "1": the supervisor restarted this group mid-run (it heals from a peer)
 QUORUM_RETRY_S = 0.2  # between quorum attempts while the Lighthouse is away
 
 
@@ -187,10 +188,13 @@ class ReplicaGroup:
         self.progress = GroupProgress(self.global_tokens)
         self.app_state = {"model_optim": ModelOptimState([model], self.optimizers.optimizers), "train": self.progress}
         self.faults = FaultInjector.from_config(cfg.faults, self.run_dir, replica_id * self.world_size + self.rank)
-        # A group started into a run that has committed steps must heal from a live peer before it commits one
-        # (else, alone in a quorum, it would train step 1 again from fresh weights).
-        self.joining = self._run_step_on_rank0() > 0
-        self.starting = not self.joining  # a fresh run's first step waits for every group (``_wait_at_step_zero``)
+        # A group the supervisor restarted mid-run heals from a live peer (``joining``); the groups of a launch all
+        # resume from the newest storage checkpoint, if any, and step together (``starting``: ``_wait_for_peers``).
+        run_step = self._run_step_on_rank0()
+        self.joining = os.environ.get(RESTARTED_ENV) == "1" and run_step > 0
+        self.starting = not self.joining
+        if self.starting and run_step > 0:
+            self._resume_from_storage("a new launch of the run")
         self._waiting_since: float | None = None
         if self.rank == 0:
             mark_up(self.run_dir, replica_id)
@@ -238,8 +242,8 @@ class ReplicaGroup:
         if step > self.cfg.steps:  # healed from a peer that has finished the run
             return None
         participants, rank = self.manager.num_participants(), self.manager.participating_rank()
-        if self.manager.current_step() == 0 and (self.joining or (self.starting and participants < self.groups)):
-            return self._wait_at_step_zero()
+        if (self.joining and self.manager.current_step() == 0) or (self.starting and participants < self.groups):
+            return self._wait_for_peers()
         self.joining = self.starting = False
         shares = batch_shares(step, self.cfg.data.global_batch, self.micro, participants)
         mine = shares[rank] if rank is not None else (0, 0)
@@ -314,13 +318,13 @@ class ReplicaGroup:
             dist.broadcast_object_list(step, src=0)
         return step[0]
 
-    def _wait_at_step_zero(self) -> None:
+    def _wait_for_peers(self) -> None:
         """Vote this quorum down without computing its step, and try the next, while
 
-        - *joining* (started into a run that has committed steps): no peer ahead of this group is in the quorum
+        - *joining* (restarted into a run that has committed steps): no peer ahead of this group is in the quorum
           (peers mid-step, or held) to heal from. A live peer joins within ``ft.timeout_s``; past that, every
           group was lost, and this one resumes from the newest storage checkpoint (``_resume_from_storage``);
-        - *starting* a fresh run: not every group is in the quorum yet. Without this, the first group up trains
+        - *starting* (a launch): not every group is in the quorum yet. Without this, the first group up trains
           the first steps alone, and one lost before the others are up leaves them nobody to heal from. Past
           ``ft.quorum_timeout_s`` the run starts with the groups that are there."""
         if self._waiting_since is None:
@@ -332,7 +336,8 @@ class ReplicaGroup:
         self.manager._quorum_id = -1  # as after any discarded step (see step())
         waited = time.monotonic() - self._waiting_since
         if self.joining and waited > self.cfg.ft.timeout_s:
-            self._resume_from_storage()
+            done = last_committed_step(self.run_dir, self.groups)
+            self._resume_from_storage(f"no live peer to heal from: every group was lost at step {done}")
         elif self.starting and waited > self.cfg.ft.quorum_timeout_s:
             log.warning("group %d: starting without every replica group after %.0f s", self.replica_id, waited)
             self.starting = False
@@ -340,18 +345,18 @@ class ReplicaGroup:
             time.sleep(self.cfg.ft.join_timeout_ms / 4000)  # well inside the Lighthouse's wait for a healthy joiner
         return None
 
-    def _resume_from_storage(self) -> None:
-        """No live peer: load the newest storage checkpoint (or start over from step 0 if there is none) and
-        step on from there; the steps committed after it are redone, and ``replicas.merge_records`` keeps only
-        their new records (``resumed_from`` marks in the group's log). Groups lost together agree: they load the
-        same checkpoint, whose commit happened before any of them was lost."""
+    def _resume_from_storage(self, why: str) -> None:
+        """A launch, or no live peer: load the newest storage checkpoint (or start over from step 0 if there is
+        none) and step on from there; the steps committed after it are redone, and ``replicas.merge_records``
+        keeps only their new records (``resumed_from`` marks in the group's log). Groups agree: they load the same
+        checkpoint, whose commit happened before any of them started or was lost."""
         stored = self.checkpointer.latest_step()
-        done = last_committed_step(self.run_dir, self.cfg.parallel.dp_replicate)
+        done = last_committed_step(self.run_dir, self.groups)
         if stored is not None:
             self.checkpointer.load(self.app_state, step=stored)
             self.manager.load_state_dict({"step": stored, "batches_committed": stored})
-        log.warning("group %d: no live peer to heal from (every group was lost at step %d): resumed from %s",
-                    self.replica_id, done, f"the storage checkpoint of step {stored}" if stored else "the start")
+        log.warning("group %d (%s): resumed from %s", self.replica_id, why,
+                    f"the storage checkpoint of step {stored}" if stored else "the start")
         self.metrics.log({"resumed_from": stored or 0, "lost_at": done, "replica": self.replica_id,
                           "time": time.time()})
         self.joining = False

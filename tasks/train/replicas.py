@@ -40,7 +40,7 @@ from pathlib import Path
 from tasks import datasets as contract
 from tasks import jsonlog
 from tasks.train.config import ReplicaConfig, TrainConfig
-from tasks.train.replica_group import REPLICA_ENV, group_dir
+from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV, group_dir
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class ReplicaGroups:
 
     def _start_group(self, group: Group) -> None:
         cmd, extra = group_command(self.group_nproc, self.args, group.replica_id, self.run_dir)
-        env = {**self.env, **extra, REPLICA_ENV: str(group.replica_id)}
+        env = {**self.env, **extra, REPLICA_ENV: str(group.replica_id), RESTARTED_ENV: "1" if group.restarts else "0"}
         group.up_before, group.up_at = up_count(self.run_dir, group.replica_id), None
         group.behind_since = group.stopped_since = None
         group.killed = False
