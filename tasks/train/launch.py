@@ -46,6 +46,16 @@ LEASE_TIMEOUT_S = 60.0  # a launcher that stops renewing its run folder's lease 
 # rank 0, instead of one store shared across rounds, whose keys of an earlier round would need a prefix that every
 # node agrees on (each agent counts its restarts alone, so TORCHELASTIC_RESTART_COUNT differs across nodes).
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# glibc hands every freed block above its mmap threshold (32 MiB at most: a small model's step logits) back to the
+# kernel and page-faults it in again next step; with neither mmap nor trimming a rank reuses its heap (a demo rank's
+# step: about 60 ms of kernel time beside 150 ms of compute before, 2 after: bench/rank_malloc.py). The caller's
+# environment wins.
+RANK_MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+
+
+def rank_malloc_env() -> dict[str, str]:
+    """``RANK_MALLOC_ENV`` less what this process's environment already sets."""
+    return {key: value for key, value in RANK_MALLOC_ENV.items() if key not in os.environ}
 
 
 class LaunchError(RuntimeError):
@@ -84,7 +94,7 @@ def start_torchrun(nproc: int, args: list[str], run_dir: str, max_restarts: int 
     """Start this node's torchrun agent in a session of its own; its output is the Popen's stdout."""
     run_id = hashlib.sha256(contract.normalize_url(run_dir).encode()).hexdigest()[:12]
     cmd = torchrun_command(nproc, args, run_id, max_restarts, rdzv_port or free_port(), nnodes, rdzv_conf)
-    env = {**os.environ, **TORCHRUN_ENV, **(env or {}),
+    env = {**rank_malloc_env(), **os.environ, **TORCHRUN_ENV, **(env or {}),
            "PYTHONPATH": python_path()}
     log.info("starting: %s", " ".join(cmd))
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -276,7 +286,7 @@ def run_agent(nproc: int, args: list[str], max_restarts: int, *, timeout_s: floa
     added to the ranks' environment."""
     from tasks.train.agent import NodeAgent
 
-    env = {**(env or {}),
+    env = {**rank_malloc_env(), **(env or {}),
            "PYTHONPATH": python_path()}
     agent = NodeAgent(args, nnodes=1, node_rank=0, nproc=nproc, master_addr="127.0.0.1", master_port=free_port(),
                       max_failures=max_restarts, env=env, cwd=str(REPO_ROOT), log_line=log_line)
