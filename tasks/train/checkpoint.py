@@ -139,6 +139,13 @@ class ModelOptimState(Stateful):
         for optimizer in self.optimizers:
             _init_optim_state(optimizer)
 
+    def discard_gradients(self) -> None:
+        """Before a load: a fresh optimizer gets its state from torch's _init_optim_state, which does nothing
+        while any gradient is set, and the load then breaks or drops the saved moments (a replica group that
+        took part in discarded steps before resuming from storage met this). A load discards pending gradients."""
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         partial = StateDictOptions(flatten_optimizer_state_dict=True, strict=len(self.models) == 1)
         for model, optimizer in zip(self.models, self.optimizers):
@@ -508,6 +515,9 @@ class CheckpointManager:
         same_world = manifest.meta.get("world_size") == self.world_size
         rng_keys = [k for k, v in app_state.items() if isinstance(v, RNGState)]
         to_load = {k: v for k, v in app_state.items() if same_world or k not in rng_keys}
+        for state in to_load.values():
+            if isinstance(state, ModelOptimState):
+                state.discard_gradients()
         load_state(to_load, url, process_group=self._group, no_dist=not self._distributed)
         if not same_world:
             for key in rng_keys:

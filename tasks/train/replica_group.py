@@ -193,9 +193,9 @@ class ReplicaGroup:
         run_step = self._run_step_on_rank0()
         self.joining = os.environ.get(RESTARTED_ENV) == "1" and run_step > 0
         self.starting = not self.joining
+        self._launch_step, self._waiting_since = 0, None
         if self.starting and run_step > 0:
             self._resume_from_storage("a new launch of the run")
-        self._waiting_since: float | None = None
         if self.rank == 0:
             mark_up(self.run_dir, replica_id)
 
@@ -242,11 +242,9 @@ class ReplicaGroup:
         if step > self.cfg.steps:  # healed from a peer that has finished the run
             return None
         participants, rank = self.manager.num_participants(), self.manager.participating_rank()
-        if (self.joining and self.manager.current_step() == 0) or (self.starting and participants < self.groups):
-            return self._wait_for_peers()
-        self.joining = self.starting = False
+        ready = self._ready(participants)
         shares = batch_shares(step, self.cfg.data.global_batch, self.micro, participants)
-        mine = shares[rank] if rank is not None else (0, 0)
+        mine = shares[rank] if rank is not None and ready else (0, 0)
 
         lr = lr_at(step, self.cfg.optim, self.cfg.steps)
         self.optimizers.set_lr(lr)
@@ -263,9 +261,14 @@ class ReplicaGroup:
                 loss_sum += local.detach().double()
         if self.dims.dp_size > 1:  # the group's token sum: each dp rank summed its own rows
             dist.all_reduce(loss_sum)
-        loss = self._allreduce(loss_sum)
+        loss, everyone_ready = self._allreduce(loss_sum, ready)
+        if not everyone_ready:  # the whole quorum votes this step down, each group from the same sum
+            self.manager.report_error(RuntimeError("a participant is waiting for its peers (joining or starting)"))
         grad_norm = clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
         if not self.manager.should_commit():
+            if not everyone_ready:
+                self.manager._quorum_id = -1  # as below
+                return self._wait_for_peers()
             # Rebuild the replica process group at the next quorum. torchft 0.2.0 skips it when the quorum id
             # is unchanged, but keeps the id of a configure that failed, and a restarted Lighthouse counts ids
             # from 1 again: without this, groups disagree on whether to reconfigure and wait out ft.timeout_s
@@ -290,9 +293,11 @@ class ReplicaGroup:
                 "tokens": step * self.global_tokens, "step_time_s": elapsed, "time": time.time(),
                 "discarded_before": self.discarded}
 
-    def _allreduce(self, loss_sum: torch.Tensor) -> float:
-        """Sum every gradient and the loss across the quorum's groups in one flat all-reduce; the global
-        batch's mean per-token loss. A failure leaves garbage here, which the commit vote then discards."""
+    def _allreduce(self, loss_sum: torch.Tensor, ready: bool) -> tuple[float, bool]:
+        """Sum every gradient, the loss and a not-ready flag across the quorum's groups in one flat all-reduce;
+        (the global batch's mean per-token loss, whether every participant was ready). The flag rides the same
+        collective, so every group reaches the same verdict; a group that is not ready sends zero gradients. A
+        failure leaves garbage here, which the commit vote then discards."""
         grads = []
         for p in self.params:
             if p.grad is None:
@@ -301,7 +306,8 @@ class ReplicaGroup:
             grads.append(g._local_tensor if isinstance(g, DTensor) else g)
         # float32 whatever the gradients' dtype: half the bytes of float64, and the groups' sum is exact enough
         # (the fault tests hold the result to the fault-free run's within 1e-5)
-        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [loss_sum.reshape(1).float()])
+        flags = torch.tensor([float(loss_sum), 0.0 if ready else 1.0], dtype=torch.float32)
+        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [flags])
         from torch.distributed import ReduceOp
 
         self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
@@ -309,7 +315,7 @@ class ReplicaGroup:
         for g in grads:
             g.copy_(flat[offset: offset + g.numel()].view_as(g))
             offset += g.numel()
-        return float(flat[-1]) / self.global_tokens
+        return float(flat[-2]) / self.global_tokens, float(flat[-1]) == 0.0
 
     def _run_step_on_rank0(self) -> int:
         """The run's newest committed step as rank 0 of the group read it, so the group's ranks act alike."""
@@ -318,29 +324,41 @@ class ReplicaGroup:
             dist.broadcast_object_list(step, src=0)
         return step[0]
 
-    def _wait_for_peers(self) -> None:
-        """Vote this quorum down without computing its step, and try the next, while
+    def _ready(self, participants: int) -> bool:
+        """Whether this group trains this quorum's step. Not while
 
         - *joining* (restarted into a run that has committed steps): no peer ahead of this group is in the quorum
           (peers mid-step, or held) to heal from. A live peer joins within ``ft.timeout_s``; past that, every
-          group was lost, and this one resumes from the newest storage checkpoint (``_resume_from_storage``);
-        - *starting* (a launch): not every group is in the quorum yet. Without this, the first group up trains
-          the first steps alone, and one lost before the others are up leaves them nobody to heal from. Past
-          ``ft.quorum_timeout_s`` the run starts with the groups that are there."""
+          group was lost, and this one resumes from the newest storage checkpoint (``_wait_for_peers``);
+        - *starting* (a launch, or after that resume): not every group is in the quorum yet. Without this, the
+          first group up trains the first steps alone, and one lost before the others are up leaves them nobody
+          to heal from. Past ``ft.quorum_timeout_s`` the run starts with the groups that are there; a group that
+          healed from a peer meanwhile joined a running run.
+
+        A group that is not ready still takes part in the step's all-reduce, so the whole quorum discards it."""
+        if self.joining:
+            if self.manager.current_step() == 0:
+                return False
+            self.joining = False  # healed
+        if self.starting:
+            waited = 0.0 if self._waiting_since is None else time.monotonic() - self._waiting_since
+            if (participants < self.groups and waited <= self.cfg.ft.quorum_timeout_s
+                    and self.manager.current_step() == self._launch_step):
+                return False
+            if participants < self.groups and self.manager.current_step() == self._launch_step:
+                log.warning("group %d: starting without every replica group after %.0f s", self.replica_id, waited)
+            self.starting = False
+        self._waiting_since = None
+        return True
+
+    def _wait_for_peers(self) -> None:
+        """After a step voted down because a participant was not ready (``_ready``): time the wait, fall back to
+        storage when joining found no live peer within ``ft.timeout_s``, and let the peers' next quorum form."""
         if self._waiting_since is None:
             self._waiting_since = time.monotonic()
-        reason = "joining: no live peer ahead in this quorum to heal from" if self.joining else \
-            "starting: not every replica group is in this quorum yet"
-        self.manager.report_error(RuntimeError(reason))
-        self.manager.should_commit()
-        self.manager._quorum_id = -1  # as after any discarded step (see step())
-        waited = time.monotonic() - self._waiting_since
-        if self.joining and waited > self.cfg.ft.timeout_s:
+        if self.joining and time.monotonic() - self._waiting_since > self.cfg.ft.timeout_s:
             done = last_committed_step(self.run_dir, self.groups)
             self._resume_from_storage(f"no live peer to heal from: every group was lost at step {done}")
-        elif self.starting and waited > self.cfg.ft.quorum_timeout_s:
-            log.warning("group %d: starting without every replica group after %.0f s", self.replica_id, waited)
-            self.starting = False
         else:
             time.sleep(self.cfg.ft.join_timeout_ms / 4000)  # well inside the Lighthouse's wait for a healthy joiner
         return None
@@ -359,7 +377,8 @@ class ReplicaGroup:
                     f"the storage checkpoint of step {stored}" if stored else "the start")
         self.metrics.log({"resumed_from": stored or 0, "lost_at": done, "replica": self.replica_id,
                           "time": time.time()})
-        self.joining = False
+        self.joining, self.starting = False, True  # the groups resuming with it step together from here
+        self._launch_step, self._waiting_since = self.manager.current_step(), None
 
     def train(self) -> int:
         """Step until the run's last step is committed; returns the steps this group committed."""

@@ -551,3 +551,25 @@ def test_a_step_folder_names_its_run_folder_and_anything_else_is_refused():
     assert relative_step(4) == "checkpoints/step-00000004"
     with pytest.raises(datasets.DatasetError, match="is not a checkpoint folder"):
         run_dir_of("s3://bucket/runs/a")
+
+
+def test_loading_into_a_fresh_optimizer_with_gradients_pending_restores_its_moments(tmp_path):
+    """torch's _init_optim_state leaves a fresh optimizer without state while any gradient is set, and the load
+    then breaks or drops the saved moments; CheckpointManager.load discards pending gradients first."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optim.step()
+    mgr = manager(tmp_path)
+    mgr.maybe_save(1, {"model_optim": ModelOptimState(model, optim)}, {}, force=True)
+    fresh = torch.nn.Linear(4, 4)
+    fresh_optim = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    for p in fresh.parameters():
+        p.grad = torch.ones_like(p)
+    mgr.load({"model_optim": ModelOptimState(fresh, fresh_optim)}, step=1)
+    mgr.close()
+    for want, got in zip(optim.state_dict()["state"].values(), fresh_optim.state_dict()["state"].values()):
+        assert set(got) == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(want[k], got[k]) for k in got)
+    assert all(p.grad is None for p in fresh.parameters())
