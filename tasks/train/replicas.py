@@ -39,12 +39,12 @@ from pathlib import Path
 
 from tasks import datasets as contract
 from tasks import jsonlog
+from tasks.repo import REPO_ROOT, python_path
 from tasks.train.config import ReplicaConfig, TrainConfig
 from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV, group_dir
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.05  # the supervisor's round: how soon a dead Lighthouse or group is restarted
 HUNG_CHECK_S = 0.5  # how often the supervisor reads the groups' newest committed steps (a hung group's detection)
 
@@ -148,7 +148,7 @@ class ReplicaGroups:
         self.lighthouse = Lighthouse(cfg.ft, log_line=log_line)
         self.groups = [Group(i) for i in range(groups)]
         self.env = {**os.environ, **(env or {}), "TORCHFT_LIGHTHOUSE": self.lighthouse.address,
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+                    "PYTHONPATH": python_path()}
         self._readers: list[threading.Thread] = []
         self._checked = 0.0
         self.hung_kills = 0
