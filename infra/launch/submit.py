@@ -19,6 +19,10 @@ def launch(engine: str, *, data: dict[str, str], config: dict, run_dir: str, dry
     submit it (Slurm) or write the manifest to apply (Kubernetes). Returns what was done."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if config.get("ft", {}).get("enabled"):
+        raise ValueError(f"smelt launch {engine} does not start torchft replica groups yet ([train.ft] enabled): run "
+                         "them with smelt train or the Prefect train task (one host), or set train.ft.enabled = false "
+                         "to train parallel.dp_replicate as one job's replicate dimension")
     spec = JobSpec(run_dir=run_dir, train_args=prepare_run(data, config, run_dir, write=False), **options)
     text = slurm.render(spec) if engine == "slurm" else kubernetes.render(spec)
     out = {"engine": engine, "run_dir": spec.run_dir, "name": spec.name, "world_size": spec.world_size,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from infra.launch.job import launch_command
@@ -78,6 +79,15 @@ def test_slurm_script_is_valid_shell_with_the_directives_of_the_layout(tmp_path)
     assert args["--nnodes"] == str(NODES) and args["--nproc-per-node"] == str(PER_NODE)
     assert args["--rdzv-endpoint"] == "$head_addr:29500"  # shlex drops the quotes; the shell expands it
     assert words[words.index("--run-dir") + 1] == "s3://bucket/run"
+
+
+def test_a_launch_of_torchft_replica_groups_on_slurm_or_kubernetes_is_refused_in_one_sentence(tmp_path):
+    """Those launches would start one torchrun job, not the Lighthouse and a job per group: refused, not run wrong."""
+    config = {**_config(), "ft": {"enabled": True}}
+    for engine in ("slurm", "kubernetes"):
+        with pytest.raises(ValueError, match=f"smelt launch {engine} does not start torchft replica groups yet"):
+            launch(engine, data={"main": "file:///nowhere"}, config=config, run_dir=str(tmp_path / "run"),
+                   dry_run=True)
 
 
 def test_plan_prints_the_launch_command_of_the_layout_it_picks():
