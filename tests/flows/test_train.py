@@ -90,7 +90,7 @@ def copy_with_a_code_change(where: Path) -> Path:
     return where
 
 
-def smelt_train(cwd: Path, corpus: str, root: str, *overrides: str) -> subprocess.CompletedProcess:
+def smelt_train(cwd: Path, corpus: str, root: str, *overrides: str, args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     from prefect.settings import PREFECT_API_URL
 
     sets = [a for o in ["train.steps=8", "train.data.seq_len=16", "train.data.global_batch=8",
@@ -100,7 +100,7 @@ def smelt_train(cwd: Path, corpus: str, root: str, *overrides: str) -> subproces
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     env.pop("PYTHONPATH", None)  # the code of `cwd`, not of this checkout
     return subprocess.run([sys.executable, "-m", "flows.cli", "train", "--data", corpus, "--root", root, *sets,
-                           "--json"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+                           *args, "--json"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_a_failed_run_retried_after_a_code_change_under_tasks_train_resumes_at_its_last_step_in_the_same_run_folder(
@@ -128,3 +128,28 @@ def test_a_failed_run_retried_after_a_code_change_under_tasks_train_resumes_at_i
     launches = events_named(run_dir, "launch")
     assert [e["code_version"] for e in launches] == [code_version(), changed["code_version"]]
     assert events_named(run_dir, "continue") == []  # the run had not finished
+
+
+def test_smelt_train_resume_from_an_older_checkpoint_with_skipped_steps_branches_the_run_and_skips_those_samples(
+        prefect_harness, corpus, tmp_path):
+    """The user's path for a spike: `smelt train ... --resume-from 4 --skip-steps 5:6` on a finished 8-step run
+    (the command line, the Prefect flow, torchrun): steps 6 and 8 move to a superseded branch, the run trains on
+    from step 4 past the samples of steps 5 and 6, and the ledger says exactly that."""
+    from tasks.trace.ledger import ledger
+    from tasks.trace.run import open_run
+
+    root = str(tmp_path / "root")
+    first = smelt_train(REPO, corpus, root)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_dir = json.loads(first.stdout)["url"]
+    resumed = smelt_train(REPO, corpus, root, args=("--resume-from", "4", "--skip-steps", "5:6"))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert result["url"] == run_dir and result["summary"]["resumed_from"] == 4
+    assert [c["step"] for c in list_committed(run_dir)] == [2, 4, 6, 8]
+    answer = ledger(open_run(run_dir))
+    assert answer["exactly_once"] and answer["superseded_steps"] == [5, 6, 7, 8]
+    assert [(b["branch"], b["from_step"], b["checkpoints"]) for b in answer["branches"]] == [(1, 4, [6, 8])]
+    assert answer["skipped"] == [{"start": 32, "end": 48, "step": 5, "rolled_back_to": 4,
+                                  "reason": "resume.skip_steps"}]
+    assert answer["branches"][0]["skip_samples"] == [32, 48] and answer["trained_in_skipped_windows"] == []
