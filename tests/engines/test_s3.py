@@ -18,9 +18,11 @@ import fsspec
 import pytest
 
 from tasks import datasets, jsonlog
-from tasks.checkpoints import list_committed
+from tasks.checkpoints import list_branches, list_committed
 from tasks.objectstore import StoreError, preflight
 from tasks.sample.crawl import write_sample_crawl
+from tasks.trace.ledger import ledger
+from tasks.trace.run import open_run
 from tasks.train.export import export_checkpoint
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import launch_training
@@ -161,6 +163,19 @@ def test_training_killed_after_a_committed_checkpoint_on_s3_resumes_from_it_and_
     assert list((tmp_path / "cache").rglob("train-00000.bin"))  # the loader read a verified local copy
     exported = export_checkpoint(run_dir, f"s3://{BUCKET}/export")  # export reads the checkpoint from S3 too
     assert exported.meta["checkpoint"].endswith("step-00000006") and datasets.verify(exported) == []
+
+    # --resume-from on S3: step 6 moves to a superseded branch (copy committed before the source is uncommitted),
+    # and the run trains steps 5 and 6 again from step 4's checkpoint, on one rank now.
+    config = {**TINY, "steps": 6, "checkpoint": {"interval_steps": 2}}
+    config["parallel"] = {"dp_shard": 1}
+    resumed = launch_training(data={"main": corpus}, config=config, run_dir=run_dir, nproc=1, timeout_s=300,
+                              resume_from=4)
+    assert resumed["summary"]["resumed_from"] == 4 and resumed["summary"]["steps"] == 6
+    (branch,) = list_branches(run_dir)
+    assert (branch["branch"], branch["from_step"], branch["steps"], branch["complete"]) == (1, 4, [6], True)
+    assert [(c["step"], c["world_size"]) for c in list_committed(run_dir)][-2:] == [(4, 2), (6, 1)]
+    answer = ledger(open_run(run_dir))
+    assert answer["exactly_once"] and answer["superseded_steps"] == [5, 6]
 
 
 CHILD = """
