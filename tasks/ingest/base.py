@@ -119,6 +119,11 @@ class Filter(Step):
     def count(self, key: str, value: int | float = 1) -> None:
         self._stats.add(key, value)
 
+    def record(self, doc: Document, values: dict[str, float]) -> None:
+        """Keep the values a kept document's rules measured, ``meta["quality"][<name>]``: what ``smelt trace``
+        shows for a document a spike drew (4 significant digits; the text holds the exact ones)."""
+        doc.meta.setdefault("quality", {})[self.name] = {k: float(f"{v:.4g}") for k, v in values.items()}
+
     def process(self, docs: Iterable[Document], stats: Stats, rejects: list[Document] | None) -> Iterator[Document]:
         self._stats = stats
         for batch in batched(docs, self.batch_size):

@@ -62,27 +62,36 @@ class GopherQualityFilter(ProseFilter):
             return False, "gopher_mean_word_length"
 
         # at most 0.1 hash symbols per word, and at most 0.1 ellipses per word
-        if text.count("#") / n_words > cfg.max_symbol_word_ratio:
+        hashes = text.count("#") / n_words
+        if hashes > cfg.max_symbol_word_ratio:
             return False, "gopher_symbol_ratio"
-        if sum(text.count(e) for e in ELLIPSES) / n_words > cfg.max_symbol_word_ratio:
+        ellipses = sum(text.count(e) for e in ELLIPSES) / n_words
+        if ellipses > cfg.max_symbol_word_ratio:
             return False, "gopher_symbol_ratio"
 
         # at most 90% of lines start with a bullet, at most 30% end with an ellipsis
         lines = non_empty_lines(text)
         bullets = tuple(cfg.bullets)
-        if sum(line.startswith(bullets) for line in lines) / len(lines) > cfg.max_bullet_lines_frac:
+        bullet_lines = sum(line.startswith(bullets) for line in lines) / len(lines)
+        if bullet_lines > cfg.max_bullet_lines_frac:
             return False, "gopher_bullet_lines"
-        if sum(line.endswith(ELLIPSES) for line in lines) / len(lines) > cfg.max_ellipsis_lines_frac:
+        ellipsis_lines = sum(line.endswith(ELLIPSES) for line in lines) / len(lines)
+        if ellipsis_lines > cfg.max_ellipsis_lines_frac:
             return False, "gopher_ellipsis_lines"
 
         # at least 80% of words hold an alphabetic character
-        if (n_words - count_words_without_letters(words)) / n_words < cfg.min_alpha_words_frac:
+        alpha_words = (n_words - count_words_without_letters(words)) / n_words
+        if alpha_words < cfg.min_alpha_words_frac:
             return False, "gopher_alpha_words"
 
         # at least 2 of the English stop words (a proxy for coherent English prose)
         stop_words = {w.lower() for w in cfg.stop_words}
-        if sum(map(stop_words.__contains__, lowercase_words(words))) < cfg.min_stop_words:
+        n_stop = sum(map(stop_words.__contains__, lowercase_words(words)))
+        if n_stop < cfg.min_stop_words:
             return False, "gopher_too_few_stop_words"
+        self.record(doc, {"words": n_words, "mean_word_length": mean_length, "hash_per_word": hashes,
+                          "ellipsis_per_word": ellipses, "bullet_lines": bullet_lines, "ellipsis_lines": ellipsis_lines,
+                          "alpha_words": alpha_words, "stop_words": n_stop})
         return True
 
 
@@ -129,6 +138,7 @@ class GopherRepetitionFilter(ProseFilter):
         if not text.strip():
             return True  # nothing repeats; emptiness is the quality rules' business
         n_chars = len(text)
+        values: dict[str, float] = {}
 
         # repeated paragraphs, then repeated lines: by count and by characters
         for split, max_frac, max_char_frac, reason in (
@@ -136,9 +146,11 @@ class GopherRepetitionFilter(ProseFilter):
             (non_empty_lines, cfg.max_dup_line_frac, cfg.max_dup_line_char_frac, "gopher_dup_line"),
         ):
             dup_count, dup_chars = duplicates(pieces := split(text))
-            if dup_count / len(pieces) > max_frac:
+            name = reason.removeprefix("gopher_")
+            values[f"{name}_frac"], values[f"{name}_char_frac"] = dup_count / len(pieces), dup_chars / n_chars
+            if values[f"{name}_frac"] > max_frac:
                 return False, f"{reason}_frac"
-            if dup_chars / n_chars > max_char_frac:
+            if values[f"{name}_char_frac"] > max_char_frac:
                 return False, f"{reason}_char_frac"
 
         words = lowercase_words(split_words(text))
@@ -151,10 +163,12 @@ class GopherRepetitionFilter(ProseFilter):
                                       ("dup", dup_ngram_char_frac, cfg.max_dup_ngram_char_frac)):
             for n, max_frac in limits.items():
                 frac = measure(words, n, total_chars) if n < no_repeats_from else 0.0
+                values[f"{kind}_{n}_gram"] = frac
                 if frac > max_frac:
                     return False, f"gopher_{kind}_{n}_gram"
                 if frac == 0.0:
                     no_repeats_from = min(no_repeats_from, n)
+        self.record(doc, values)
         return True
 
 
@@ -220,6 +234,7 @@ class C4QualityFilter(ProseFilter):
         if not kept or sentences < cfg.min_sentences:
             return False, "c4_too_few_sentences"
         doc.text = "\n".join(kept)
+        self.record(doc, {"sentences": sentences, "lines_kept": len(kept), "lines_removed": sum(removed.values())})
         return True
 
 
@@ -241,20 +256,25 @@ class FineWebQualityFilter(ProseFilter):
 
         # enough lines end like sentences
         stop_chars = tuple(cfg.stop_chars)
-        if sum(line.endswith(stop_chars) for line in lines) / len(lines) <= cfg.min_line_punct_frac:
+        punct_lines = sum(line.endswith(stop_chars) for line in lines) / len(lines)
+        if punct_lines <= cfg.min_line_punct_frac:
             return False, "fineweb_line_punct_ratio"
 
         # not mostly short lines
-        if sum(len(line) <= cfg.short_line_length for line in lines) / len(lines) >= cfg.max_short_line_frac:
+        short_lines = sum(len(line) <= cfg.short_line_length for line in lines) / len(lines)
+        if short_lines >= cfg.max_short_line_frac:
             return False, "fineweb_short_line_ratio"
 
         # little text in repeated lines
         _, dup_chars = duplicates(lines)
-        if dup_chars / len(text.replace("\n", "")) >= cfg.max_dup_line_char_frac:
+        dup_line_chars = dup_chars / len(text.replace("\n", ""))
+        if dup_line_chars >= cfg.max_dup_line_char_frac:
             return False, "fineweb_dup_line_chars"
 
         # not a list: few newlines per word
         n_words = len(split_words(text))
         if n_words == 0 or text.count("\n") / n_words > cfg.max_newline_word_ratio:
             return False, "fineweb_newline_ratio"
+        self.record(doc, {"line_punct": punct_lines, "short_lines": short_lines, "dup_line_chars": dup_line_chars,
+                          "newlines_per_word": text.count("\n") / n_words})
         return True

@@ -167,6 +167,8 @@ def record_document(url: str, record: Parsed, offset: int, cfg: ReaderConfig, st
     }
     if date := record.warc_header("WARC-Date"):
         meta["date"] = date
+    if record_id:
+        meta["warc_record_id"] = record_id  # the crawl's own name for the record (smelt trace shows it)
     return Document(
         id=doc_id(record_id) if record_id else doc_id(url, offset),
         url=record.warc_header("WARC-Target-URI") or "",

@@ -155,8 +155,15 @@ def _doc_lines(piece: dict) -> list[str]:
               f"cluster {piece['cluster_size']}" if piece.get("cluster_size") is not None else "cluster -"]
     where = f"{piece['dataset']}/{piece['shard']} tokens {piece['doc_tokens'][0]}-{piece['doc_tokens'][1]} of {piece['doc_length']}"
     excerpt = (piece.get("excerpt") or "").replace("\n", " ")[:120]
-    return [f"      {piece['url'] or piece['id']}  ({piece['source']}; {', '.join(scores)})",
-            f"        {where}: \"{excerpt}\""]
+    meta = piece.get("meta") or {}
+    record = f"  record {meta['warc_record_id']}" if meta.get("warc_record_id") else ""
+    lines = [f"      {piece['url'] or piece['id']}  ({piece['source']}; {', '.join(scores)}){record}",
+             f"        {where}: \"{excerpt}\""]
+    rules = "; ".join(f"{name} " + " ".join(f"{k}={v:g}" for k, v in values.items())
+                      for name, values in (meta.get("quality") or {}).items())
+    if rules:  # what the ingest rules measured on it (all of them in --json)
+        lines.append(f"        rules: {rules[:200]}{'…' if len(rules) > 200 else ''}")
+    return lines
 
 
 def _sequence_lines(seq: dict) -> list[str]:

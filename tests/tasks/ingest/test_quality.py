@@ -426,3 +426,16 @@ def test_fineweb_ignores_blank_lines():
     text = "\n\n".join(long_line(i) for i in range(5))
     assert verdict(fineweb(max_newline_word_ratio=1.0), text)[0] is None
 
+
+
+def test_a_kept_document_carries_what_each_rule_measured_on_it():
+    """meta["quality"][<filter>]: the values smelt trace shows beside a document a loss spike drew."""
+    text = " ".join(SENTENCES) + " the and of"
+    reason, _, doc = verdict(gopher(min_words=10), text)
+    assert reason is None
+    values = doc.meta["quality"]["gopher_quality"]
+    words = len(split_words(text))
+    assert values["words"] == words and values["stop_words"] == 3 and values["alpha_words"] == 1.0
+    assert values["mean_word_length"] == float(f"{sum(map(len, split_words(text))) / words:.4g}")
+    dropped, _, short = verdict(gopher(), "too short")
+    assert dropped == "gopher_short_doc" and "quality" not in short.meta  # only kept documents are recorded

@@ -64,6 +64,8 @@ def test_warc_response_records_become_html_documents_and_other_records_are_skipp
     assert [d.url for d in docs] == ["https://news.example/story-0", "https://news.example/story-1"]
     assert all(d.meta["format"] == "html" and d.text.startswith("<!DOCTYPE html>") for d in docs)
     assert docs[0].meta["warc_file"] == url and docs[0].meta["charset"] == "utf-8"
+    ids = [d.meta["warc_record_id"] for d in docs]  # the crawl's own name for each record, kept for smelt trace
+    assert all(i.startswith("<urn:uuid:") for i in ids) and len(set(ids)) == 2
     assert stats["in"] == 2 and stats["out"] == 2 and stats["other_records"] == 2
     assert stats["bytes_in"] == (tmp_path / "crawl.warc.gz").stat().st_size
 

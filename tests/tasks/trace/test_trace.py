@@ -63,6 +63,13 @@ def test_planted_pages_top_the_steps_that_drew_them_with_their_urls(traced):
     assert result.exit_code == 0, result.output
     [top] = json.loads(result.output)["sequences"]
     assert any(p["url"] in stages["planted"] for p in top["documents"])
+    # each page carries what the ingest rules measured on it (issue 42, item 2; this crawl is JSON lines, so no
+    # WARC record id: tests/tasks/ingest/test_warc.py checks that one)
+    for piece in (p for p in top["documents"] if p["source"] == "web"):
+        gopher = piece["meta"]["quality"]["gopher_quality"]
+        assert gopher["words"] >= 1 and 0 < gopher["alpha_words"] <= 1
+    text = CliRunner().invoke(app, ["trace", "--run", run_dir, "--step", str(step), "--top", "1"]).output
+    assert "rules: " in text and "gopher_quality alpha_words=" in text
 
 
 def test_every_traced_excerpt_occurs_verbatim_in_its_document_in_the_dedup_output(traced):
