@@ -199,17 +199,7 @@ def test_two_groups_of_two_fsdp_ranks_heal_a_killed_rank_and_end_with_the_fault_
     SIGKILLed at step 5; its agent ends the group, the supervisor restarts it, and each of its ranks heals its
     own shard from the same rank of group 0. The 1-rank groups' fault-free run is the reference."""
     run_dir = str(tmp_path / "run")
-    cfg_dict = replica_config(faults="kill:rank=3,step=5;hold:rank=0,step=12,replica=1")
-    cfg_dict["parallel"]["dp_shard"] = 2
-    cfg = from_dict(TrainConfig, cfg_dict)
-    data = {"main": corpus}
-    args = prepare_run(data, cfg_dict, run_dir)
-    replicas.write_lineage(run_dir, cfg, data)
-    lines: list[str] = []
-    supervisor = replicas.ReplicaGroups(cfg, args, run_dir, 4, log_line=lines.append).start()
-    assert supervisor.run(timeout_s=WAIT_S) == 0, "\n".join(lines[-40:])
-    merged = replicas.merge_records(run_dir, 2, GLOBAL_BATCH)
-    assert not merged["problems"], merged["problems"]
+    supervisor, merged, _ = run_layout(corpus, run_dir, 2, 2, "kill:rank=3,step=5;hold:rank=0,step=12,replica=1")
     assert supervisor.groups[1].restarts == 1
     restarted = [r for r in replicas.group_records(run_dir, 1) if r["time"] > supervisor.groups[1].starts[-1]]
     assert restarted and restarted[0]["step"] > 5 and restarted[0]["participants"] == 2
@@ -252,10 +242,10 @@ def test_stopped_processes_names_a_stopped_process_of_the_tree_and_only_while_it
         proc.wait(timeout=10)
 
 
-def run_hung(corpus: str, run_dir: str, groups: int, group_size: int, faults: str) -> tuple[replicas.ReplicaGroups,
-                                                                                              dict, list[str]]:
+def run_layout(corpus: str, run_dir: str, groups: int, group_size: int, faults: str) -> tuple[replicas.ReplicaGroups,
+                                                                                                dict, list[str]]:
     """Run ``groups`` groups of ``group_size`` ranks to the end under ``faults``; (supervisor, merged, log lines).
-    The hung group hangs at its first step, which it reaches whatever step the others are at (no race); a fresh
+    A hung group hangs at its first step, which it reaches whatever step the others are at (no race); a fresh
     run's first step may wait up to ft.quorum_timeout_s for every group, 10 s here."""
     cfg_dict = replica_config(faults=faults)
     cfg_dict["parallel"].update(dp_replicate=groups, dp_shard=group_size)
@@ -283,7 +273,7 @@ def test_a_deadlocked_group_left_behind_is_killed_and_restarted_and_the_run_fini
     finish first). Only the supervisor's rule "behind the others' newest committed step for ft.timeout_s" ends
     group 2."""
     run_dir = str(tmp_path / "run")
-    supervisor, merged, lines = run_hung(corpus, run_dir, 3, 1, "hold:rank=2,step=1,replica=2;"
+    supervisor, merged, lines = run_layout(corpus, run_dir, 3, 1, "hold:rank=2,step=1,replica=2;"
                                                                 "hold:rank=0,step=12,replica=2")
     assert supervisor.hung_kills == 1 and [g.restarts for g in supervisor.groups] == [0, 0, 1]
     assert any("its newest committed step is 0" in line for line in lines)
@@ -302,7 +292,7 @@ def test_one_stopped_rank_of_a_two_rank_group_is_found_and_its_group_restarted(c
     heartbeating groups must join): every group stalls alike, none is behind. The supervisor's stopped-process rule
     kills group 1 after ft.timeout_s, and the run finishes exactly once on the fault-free losses."""
     run_dir = str(tmp_path / "run")
-    supervisor, merged, lines = run_hung(corpus, run_dir, 2, 2, "stop:rank=3,step=1;hold:rank=0,step=12,replica=1")
+    supervisor, merged, lines = run_layout(corpus, run_dir, 2, 2, "stop:rank=3,step=1;hold:rank=0,step=12,replica=1")
     assert supervisor.hung_kills == 1 and [g.restarts for g in supervisor.groups] == [0, 1]
     assert any("stopped for over ft.timeout_s" in line for line in lines)
     assert_every_sample_once(run_dir)
