@@ -59,7 +59,7 @@ def mixture(web: float, code: float) -> list[str]:
 # Names read l<layers>d<width>-s<seq_len>-<steps>; lr 3e-3 and a 0.5 / 0.5 web / code mixture unless the name
 # says otherwise (-lr…, -mix<web><code> in tenths). Every one trains 4,096 tokens per step.
 CANDIDATES: dict[str, list[str]] = {
-    "demo": [],  # configs/demo.toml as committed: l4d64-s256-600, mixture 0.45 / 0.55
+    "demo": [],  # configs/demo.toml as committed: l4d64-s128-500 at lr 4e-3, mixture 0.4 / 0.6
     # what the demo was before issue 44: 0.62M parameters, 60 steps of 2,048 tokens
     "old-demo": ["train.model_preset=tiny", "train.model.dim=64", "train.model.n_layers=2", "train.model.n_heads=4",
                  "train.model.n_kv_heads=2", "train.model.ffn_hidden=192", *batch(128, 16),
@@ -74,6 +74,24 @@ CANDIDATES: dict[str, list[str]] = {
     "l4d64-s256-800": [*shape(64, 4), *batch(256, 16), *schedule(800, 3e-3, 30, 200), *mixture(0.5, 0.5)],
     # the demo with 100 more steps: 0.6 points better on each split, 100 steps (about a sixth) slower
     "l4d64-s256-700-mix4555": [*shape(64, 4), *batch(256, 16), *schedule(700, 3e-3, 30, 200), *mixture(0.45, 0.55)],
+    # fewer steps at a higher learning rate; shorter sequences (attention is a quarter of a step at 256)
+    "l4d64-s256-400-lr6e3-mix4555": [*shape(64, 4), *batch(256, 16), *schedule(400, 6e-3, 20, 200), *mixture(0.45, 0.55)],
+    "l4d64-s128-450-lr5e3-mix4555": [*shape(64, 4), *batch(128, 32), *schedule(450, 5e-3, 20, 150), *mixture(0.45, 0.55)],
+    # cheaper steps at the demo's schedule: half the vocabulary (the output layer and its softmax are half a
+    # step), or half the sequence (attention)
+    "l4d64-s256-600-v2048-mix4555": ["tokenizer.vocab_size=2048", *shape(64, 4), *batch(256, 16),
+                                     *schedule(600, 3e-3, 30, 200), *mixture(0.45, 0.55)],
+    "l4d64-s128-600-mix4555": [*shape(64, 4), *batch(128, 32), *schedule(600, 3e-3, 30, 200), *mixture(0.45, 0.55)],
+    "l4d64-s128-500-lr4e3-mix4555": [*shape(64, 4), *batch(128, 32), *schedule(500, 4e-3, 25, 250),
+                                     *mixture(0.45, 0.55)],
+    # cheaper still: shorter sequences again, or narrower (the output layer's cost is its width)
+    "l4d64-s64-500-lr4e3-mix4555": [*shape(64, 4), *batch(64, 64), *schedule(500, 4e-3, 25, 250), *mixture(0.45, 0.55)],
+    "l4d48-s128-500-lr4e3-mix4555": [*shape(48, 4), *batch(128, 32), *schedule(500, 4e-3, 25, 250),
+                                     *mixture(0.45, 0.55)],
+    # the demo with more code in the mixture: code is the split nearer its bar
+    "l4d64-s128-500-lr4e3-mix46": [*shape(64, 4), *batch(128, 32), *schedule(500, 4e-3, 25, 250), *mixture(0.4, 0.6)],
+    # the demo with ZeRO-2 (parameters stay gathered between forward and backward): the same numbers, fewer collectives
+    "demo-zero2": ["train.parallel.zero2=true"],
 }
 
 
