@@ -773,6 +773,9 @@ def main(argv: list[str] | None = None) -> int:
                               "a group killed, a group hung, the Lighthouse killed, each against a fault-free run")
     replica.add_argument("--replica-layouts", default="2x1,2x2", help="of 2x1, 2x2 (default both)")
     replica.add_argument("--replica-steps", type=int, default=200, help="steps of every replica run (default 200)")
+    replica.add_argument("--replica-seq-len", type=int, default=16,
+                         help="sequence length of the replica runs: longer steps, against the fixed failure detection "
+                              "(default 16)")
     replica.add_argument("--replica-fault-step", type=int, default=20,
                          help="the step each replica fault hits (default 20)")
     replica.add_argument("--replica-timeout", type=float, default=3.0,

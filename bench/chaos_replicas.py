@@ -97,9 +97,9 @@ def gate_step(steps: int) -> int:
     return steps - 2
 
 
-def replica_config(steps: int, group_size: int, timeout_s: float, specs: list[str]) -> dict:
+def replica_config(steps: int, group_size: int, timeout_s: float, specs: list[str], seq_len: int = 16) -> dict:
     return {"model": dict(TINY), "steps": steps, "seed": 0,
-            "data": {"seq_len": 16, "global_batch": GLOBAL_BATCH, "prefetch": 0},
+            "data": {"seq_len": seq_len, "global_batch": GLOBAL_BATCH, "prefetch": 0},
             "parallel": {"dp_replicate": GROUPS, "dp_shard": group_size},
             "snapshot": {"enabled": "off"}, "faults": {"inject": ";".join(specs)},
             "checkpoint": {"interval_steps": CHECKPOINT_EVERY},
@@ -110,9 +110,9 @@ class Run:
     """One run folder trained by the replica groups to the end, with the harness's own fault on a thread."""
 
     def __init__(self, corpus: str, run_dir: Path, steps: int, group_size: int, timeout_s: float,
-                 fault: ReplicaFault | None, log_path: Path | None, say) -> None:
+                 fault: ReplicaFault | None, log_path: Path | None, say, seq_len: int = 16) -> None:
         self.run_dir, self.steps, self.fault, self.say = run_dir, steps, fault, say
-        cfg_dict = replica_config(steps, group_size, timeout_s, fault.specs(steps) if fault else [])
+        cfg_dict = replica_config(steps, group_size, timeout_s, fault.specs(steps) if fault else [], seq_len)
         self.cfg = from_dict(TrainConfig, cfg_dict)
         self.args = prepare_run({"main": corpus}, cfg_dict, str(run_dir))
         self.group_size = group_size
@@ -305,7 +305,7 @@ class ReplicaBench:
         run_dir = self.root / f"replicas-{self.count:02d}-{label}"
         log_path = Path(self.args.log_dir) / f"{run_dir.name}.log" if self.args.log_dir else None
         run = Run(self.corpus, run_dir, self.args.replica_steps, group_size, self.args.replica_timeout, fault,
-                  log_path, self.say)
+                  log_path, self.say, seq_len=self.args.replica_seq_len)
         started = time.monotonic()
         supervisor = run.train(timeout_s=180 + 2 * self.args.replica_steps)
         wall = time.monotonic() - started
@@ -370,5 +370,5 @@ def run_replicas(args, root: Path, corpus: str, say) -> dict:
     bench = ReplicaBench(args, root, corpus, say)
     layouts = {name: bench.layout(name) for name in args.replica_layouts}
     return {"mode": "replicas", "layouts": layouts, "goals": goals(layouts), "steps": args.replica_steps,
-            "fault_step": args.replica_fault_step, "rtol": args.rtol,
+            "fault_step": args.replica_fault_step, "seq_len": args.replica_seq_len, "rtol": args.rtol,
             "ft": {**{k: v for k, v in FT.items() if k != "enabled"}, "timeout_s": args.replica_timeout}}
