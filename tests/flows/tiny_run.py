@@ -1,6 +1,6 @@
 """The flow tests' own tiny training, whatever configs/demo.toml trains.
 
-The demo trains a model that learns in about two minutes (configs/demo.toml, chosen by
+The demo trains a model that learns in about three minutes on 2 cores (configs/demo.toml, chosen by
 bench/demo_sweep.py); tests that run the whole pipeline check its mechanics, not learning, so they
 put back the old demo's 0.62M-parameter model, batch and mixture over the demo config.
 """

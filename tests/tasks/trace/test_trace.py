@@ -64,7 +64,7 @@ def test_planted_pages_top_the_steps_that_drew_them_with_their_urls(traced):
     [top] = json.loads(result.output)["sequences"]
     assert any(p["url"] in stages["planted"] for p in top["documents"])
     # each page carries what the ingest rules measured on it (issue 42, item 2; this crawl is JSON lines, so no
-    # WARC record id: tests/tasks/ingest/test_warc.py checks that one)
+    # WARC record id: tests/tasks/ingest/test_readers.py checks that one)
     for piece in (p for p in top["documents"] if p["source"] == "web"):
         gopher = piece["meta"]["quality"]["gopher_quality"]
         assert gopher["words"] >= 1 and 0 < gopher["alpha_words"] <= 1
