@@ -15,6 +15,7 @@ defaults below only fill keys the user's fsspec config leaves unset.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import re
 from typing import Any
 from urllib.parse import urlparse
@@ -40,7 +41,7 @@ def configure() -> None:
     """Fill s3fs defaults into fsspec's config (keys the user set win)."""
     conf = fsspec.config.conf.setdefault("s3", {})
     for key, value in S3_DEFAULTS.items():
-        conf.setdefault(key, value)
+        conf.setdefault(key, copy.deepcopy(value))  # botocore rewrites the retries dict it is given, in place
 
 
 def remote_options(url: str, connect_s: float | None = None, read_s: float | None = None) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def remote_options(url: str, connect_s: float | None = None, read_s: float | Non
                                         sock_read=read_s or HTTP_READ_TIMEOUT_S)
         return {"client_kwargs": {"timeout": timeout}}
     if protocol in ("s3", "s3a") and (connect_s or read_s):
-        config = dict(fsspec.config.conf.get("s3", {}).get("config_kwargs", {}))
+        config = copy.deepcopy(fsspec.config.conf.get("s3", {}).get("config_kwargs", {}))
         config.update({key: s for key, s in (("connect_timeout", connect_s), ("read_timeout", read_s)) if s})
         return {"config_kwargs": config}
     return {}

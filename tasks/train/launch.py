@@ -37,7 +37,7 @@ from tasks.repo import REPO_ROOT, python_path
 from tasks.train import goodput
 from tasks.train.config import TrainConfig
 from tasks.train.exclude_hosts import EXCLUDE_HOSTS, excluded_hosts
-from tasks.train.procs import free_port, stop_tree
+from tasks.train.procs import STOP_GRACE_S, free_port, stop_tree
 
 log = logging.getLogger(__name__)
 
