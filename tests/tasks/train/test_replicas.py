@@ -279,7 +279,9 @@ def test_a_deadlocked_group_left_behind_is_killed_and_restarted_and_the_run_fini
     assert any("its newest committed step is 0" in line for line in lines)
     restarted = replicas.group_records(run_dir, 2)
     assert restarted and restarted[0]["time"] > supervisor.groups[2].starts[-1]
-    assert 1 < restarted[0]["step"] <= 12  # healed from a survivor, not trained from step 1
+    # healed from a survivor, not trained from step 1 (the gate at step 12 only makes sure it is up by then: the
+    # survivors may still take a quorum or two without it)
+    assert restarted[0]["step"] > 1 and restarted[0]["participants"] >= 2
     assert_every_sample_once(run_dir)
     # Three groups sum the gradients in another order than the two of the reference: equal up to rounding.
     assert merged["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-5)
