@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 START_TIMEOUT_S = 60
 
@@ -82,7 +84,8 @@ async def _session(ws_url: str, page_url: str, expression: str, screenshot: Path
 def open_page(path: Path, expression: str, screenshot: Path) -> dict:
     """Open ``path`` in headless Chromium and evaluate ``expression`` (a JSON-able value) once it loaded:
     ``{"value", "errors" (console errors, exceptions), "requests" (every URL the page asked for)}``."""
-    with tempfile.TemporaryDirectory(prefix="smelt-chromium-") as profile:
+    # (ignore_cleanup_errors: a Chromium helper process may still be writing into the profile as it is removed)
+    with tempfile.TemporaryDirectory(prefix="smelt-chromium-", ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                  "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
                                  f"--user-data-dir={profile}", "--window-size=1200,900", "about:blank"],
@@ -93,8 +96,17 @@ def open_page(path: Path, expression: str, screenshot: Path) -> dict:
                 target = next(t for t in json.load(r) if t["type"] == "page")
             return asyncio.run(_session(target["webSocketDebuggerUrl"], path.resolve().as_uri(), expression,
                                         screenshot))
-        finally:
+        finally:  # the whole tree (renderer, GPU and crash helpers too) before the profile goes
+            helpers = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
             proc.terminate()
+            for helper in helpers:
+                try:
+                    helper.terminate()
+                except psutil.NoSuchProcess:
+                    pass
+            _, alive = psutil.wait_procs(helpers, timeout=10)
+            for helper in alive:
+                helper.kill()
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
