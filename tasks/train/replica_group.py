@@ -37,13 +37,15 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ReduceOp
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from tasks import datasets as contract
+from tasks import jsonlog
+from tasks.lease import Fence
 from tasks.llama import Transformer
 from tasks.train import metrics as train_metrics
-from tasks.lease import Fence
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState
 from tasks.train.config import TrainConfig
 from tasks.train.cross_entropy import token_sum_cross_entropy
@@ -80,8 +82,6 @@ def restarted_and_up(run_dir: str, replica_id: int) -> bool:
 
 def last_committed_step(run_dir: str, groups: int) -> int:
     """The newest step any group recorded as committed (0 if none)."""
-    from tasks import jsonlog
-
     return max((r["step"] for g in range(groups) for r in jsonlog.read(group_dir(run_dir, g), "metrics.jsonl")
                 if "step" in r), default=0)
 
@@ -266,14 +266,13 @@ class ReplicaGroup:
             self.manager.report_error(RuntimeError("a participant is waiting for its peers (joining or starting)"))
         grad_norm = clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
         if not self.manager.should_commit():
-            if not everyone_ready:
-                self.manager._quorum_id = -1  # as below
-                return self._wait_for_peers()
             # Rebuild the replica process group at the next quorum. torchft 0.2.0 skips it when the quorum id
             # is unchanged, but keeps the id of a configure that failed, and a restarted Lighthouse counts ids
             # from 1 again: without this, groups disagree on whether to reconfigure and wait out ft.timeout_s
             # on each other at every step.
             self.manager._quorum_id = -1
+            if not everyone_ready:
+                return self._wait_for_peers()
             self.discarded += 1
             log.warning("group %d: step %d discarded (commit vote failed); retrying it", self.replica_id, step)
             return None
@@ -308,8 +307,6 @@ class ReplicaGroup:
         # (the fault tests hold the result to the fault-free run's within 1e-5)
         flags = torch.tensor([float(loss_sum), 0.0 if ready else 1.0], dtype=torch.float32)
         flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [flags])
-        from torch.distributed import ReduceOp
-
         self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
         offset = 0
         for g in grads:

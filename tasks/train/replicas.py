@@ -37,11 +37,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from tasks import datasets as contract
 from tasks import jsonlog
 from tasks.repo import REPO_ROOT, python_path
 from tasks.train.config import ReplicaConfig, TrainConfig
+from tasks.train.data import TokenLoader
+from tasks.train.procs import free_port, stop_tree
 from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV, group_dir
+from tasks.train.sample_losses import LINEAGE
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +67,11 @@ def lighthouse_binary() -> str:
     return found
 
 
-def _free_port() -> int:
-    from tasks.train.procs import free_port
-
-    return free_port()
-
-
 class Lighthouse:
     """torchft's Lighthouse on 127.0.0.1:``port``, restarted on the same port whenever it exits (``poll``)."""
 
     def __init__(self, ft: ReplicaConfig, port: int = 0, log_line: Callable[[str], None] = log.info) -> None:
-        self.ft, self.port, self.log_line = ft, port or ft.lighthouse_port or _free_port(), log_line
+        self.ft, self.port, self.log_line = ft, port or ft.lighthouse_port or free_port(), log_line
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
 
@@ -126,11 +125,11 @@ def group_command(nproc: int, args: list[str], replica_id: int, run_dir: str) ->
     entry = ["-m", "tasks.train.replica_group", *args, "--replica-id", str(replica_id)]
     if nproc == 1:
         env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         return [sys.executable, *entry], env
     run_id = hashlib.sha256(f"{contract.normalize_url(run_dir)}#{replica_id}".encode()).hexdigest()[:12]
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", run_id,
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
             "--max-restarts", "0", *entry], {}
 
 
@@ -265,12 +264,10 @@ class ReplicaGroups:
 
     def stop(self) -> None:
         """Stop every group's process tree and the Lighthouse (nothing outlives the supervisor)."""
-        from tasks.train.procs import stop_tree as _stop_tree
-
         for group in self.groups:
             if group.proc is not None:
                 if group.proc.poll() is None:
-                    _stop_tree(group.proc)
+                    stop_tree(group.proc)
                 else:  # torchrun gone: its ranks sit in sessions of their own
                     _kill_session(group.proc.pid)
         self.lighthouse.stop()
@@ -279,8 +276,6 @@ class ReplicaGroups:
 
     def kill_group(self, replica_id: int) -> None:
         """SIGKILL a whole group (its torchrun agent and ranks): a lost host, for tests and bench/chaos.py."""
-        import psutil
-
         proc = self.groups[replica_id].proc
         try:
             tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
@@ -295,8 +290,6 @@ class ReplicaGroups:
 
 def stopped_processes(proc: subprocess.Popen) -> list[int]:
     """The pids of ``proc``'s tree (a group: its torchrun agent and ranks, or its one rank) that are stopped."""
-    import psutil
-
     try:
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -352,11 +345,9 @@ def group_records(run_dir: str, replica_id: int) -> list[dict]:
     return [r for r in jsonlog.read(group_dir(run_dir, replica_id), "metrics.jsonl") if "step" in r]
 
 
-def storage_resumes(run_dir: str, groups: int) -> list[dict]:
-    """The groups' resumes from a storage checkpoint (every group was lost), oldest first."""
-    marks = [r for g in range(groups) for r in jsonlog.read(group_dir(run_dir, g), "metrics.jsonl")
-             if "resumed_from" in r]
-    return sorted(marks, key=lambda r: r["time"])
+def storage_resumes(logs: list[list[dict]]) -> list[dict]:
+    """The groups' resumes from a storage checkpoint (in their logs: a launch, or every group lost), oldest first."""
+    return sorted((r for log in logs for r in log if "resumed_from" in r), key=lambda r: r["time"])
 
 
 def superseded(record: dict, resumes: list[dict]) -> bool:
@@ -376,10 +367,11 @@ def merge_records(run_dir: str, groups: int, global_batch: int, *, write: bool =
     Records a resume from storage superseded (``superseded``) are left out and listed as ``redone_steps``."""
     by_step: dict[int, list[dict]] = {}
     pauses = {}
-    resumes = storage_resumes(run_dir, groups)
+    logs = [jsonlog.read(group_dir(run_dir, g), "metrics.jsonl") for g in range(groups)]
+    resumes = storage_resumes(logs)
     redone: set[int] = set()
-    for g in range(groups):
-        records = group_records(run_dir, g)
+    for g, log_records in enumerate(logs):
+        records = [r for r in log_records if "step" in r]
         for r in records:
             if superseded(r, resumes):
                 redone.add(r["step"])
@@ -428,9 +420,6 @@ def merge_records(run_dir: str, groups: int, global_batch: int, *, write: bool =
 
 def write_lineage(run_dir: str, cfg: TrainConfig, data: dict[str, str]) -> None:
     """``lineage.json`` for tasks/trace: the loader's order at the run's global batch."""
-    from tasks.train.data import TokenLoader
-    from tasks.train.sample_losses import LINEAGE
-
     with TokenLoader(data, dict(cfg.data.mixture) or None, split="train", seq_len=cfg.data.seq_len,
                      global_batch=cfg.data.global_batch, dp_rank=0, dp_size=1, seed=cfg.data.seed,
                      prefetch=0) as loader:
