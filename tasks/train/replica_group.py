@@ -74,10 +74,15 @@ def mark_up(run_dir: str, replica_id: int) -> None:
         f.write(json.dumps({"pid": os.getpid(), "time": time.time()}))
 
 
+def up_count(run_dir: str, replica_id: int) -> int:
+    """How many starts of the group came up (``mark_up``'s markers)."""
+    fs, path = contract.filesystem(contract.join(group_dir(run_dir, replica_id), "up"))
+    return len(fs.ls(path, detail=False)) if fs.exists(path) else 0
+
+
 def restarted_and_up(run_dir: str, replica_id: int) -> bool:
     """Whether the group was started again and that start is up (what a ``hold`` fault waits for)."""
-    fs, path = contract.filesystem(contract.join(group_dir(run_dir, replica_id), "up"))
-    return fs.exists(path) and len(fs.ls(path, detail=False)) >= 2
+    return up_count(run_dir, replica_id) >= 2
 
 
 def last_committed_step(run_dir: str, groups: int) -> int:

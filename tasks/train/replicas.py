@@ -45,7 +45,7 @@ from tasks.repo import REPO_ROOT, python_path
 from tasks.train.config import ReplicaConfig, TrainConfig
 from tasks.train.data import TokenLoader
 from tasks.train.procs import free_port, stop_tree
-from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV, group_dir
+from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV, group_dir, up_count
 from tasks.train.sample_losses import LINEAGE
 
 log = logging.getLogger(__name__)
@@ -302,12 +302,6 @@ def stopped_processes(proc: subprocess.Popen) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return stopped
-
-
-def up_count(run_dir: str, replica_id: int) -> int:
-    """How many starts of the group came up (``replica_group.mark_up``'s markers)."""
-    fs, path = contract.filesystem(contract.join(group_dir(run_dir, replica_id), "up"))
-    return len(fs.ls(path, detail=False)) if fs.exists(path) else 0
 
 
 def newest_step(run_dir: str, replica_id: int) -> int:
