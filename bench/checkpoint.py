@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tasks import datasets
+from tasks import contract
 from tasks.checkpoints import step_url
 from tasks.llama import Transformer
 from tasks.model_config import preset
@@ -83,7 +83,7 @@ def main() -> None:
                                  config_fingerprint="bench")
         sync.maybe_save(1, app, meta, force=True)
         sync.close()
-        stats = datasets.read_manifest(step_url(f"{work}/sync", 1)).stats
+        stats = contract.read_manifest(step_url(f"{work}/sync", 1)).stats
         sync_save_s, state_mb = stats["checkpoint.write_s"], stats["checkpoint.bytes"] / 1e6
 
         background = CheckpointManager(f"{work}/async", CheckpointConfig(async_mode=args.mode, keep_last=1),

@@ -22,7 +22,7 @@ import sysconfig
 import tempfile
 import time
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.ingest.code.config import CodeIngestConfig
 from tasks.ingest.code.readers import list_tree
 from tasks.ingest.code.stage import run_code_ingest
@@ -33,7 +33,7 @@ EXCLUDED_DIRS = ["site-packages", "__pycache__"]
 def read_only(root: str, cfg: CodeIngestConfig) -> tuple[float, int]:
     """Seconds to list the tree and read and decode every file the stage would read; bytes read."""
     started = time.perf_counter()
-    fs, path = datasets.filesystem(root)
+    fs, path = storage.filesystem(root)
     nbytes = 0
     for rel, size in list_tree(root, cfg.reader):
         if 0 <= size <= cfg.reader.max_file_bytes:
@@ -44,7 +44,7 @@ def read_only(root: str, cfg: CodeIngestConfig) -> tuple[float, int]:
     return time.perf_counter() - started, nbytes
 
 
-def stage_once(root: str, cfg: CodeIngestConfig) -> tuple[float, datasets.Manifest]:
+def stage_once(root: str, cfg: CodeIngestConfig) -> tuple[float, contract.Manifest]:
     with tempfile.TemporaryDirectory(prefix="bench-code-") as out:
         started = time.perf_counter()
         manifest = run_code_ingest([root], f"{out}/docs", cfg, fingerprint="bench")
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each; the fastest counts")
     args = parser.parse_args()
 
-    root = datasets.normalize_url(args.root)
+    root = storage.normalize_url(args.root)
     cfg = CodeIngestConfig()
     cfg.reader.skip_dirs = [*cfg.reader.skip_dirs, *EXCLUDED_DIRS]
     read_s, read_bytes = min(read_only(root, cfg) for _ in range(args.repeat))

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from tasks.compression import GAP, MEMBER_END, frames
-from tasks.datasets import Stats
+from tasks.counters import Stats
 from tasks.ingest.code.config import CodeReaderConfig
 from tasks.ingest.code.readers import plan_code_inputs, read_code
 from tasks.ingest.config import ReaderConfig

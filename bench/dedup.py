@@ -183,7 +183,8 @@ def write_corpus(corpus: Corpus, url: str, shard_docs: int):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tasks import datasets
+    from tasks import contract
+    from tasks.documents import document_schema
 
     shards = []
     for k, lo in enumerate(range(0, len(corpus.tokens), shard_docs)):
@@ -200,14 +201,14 @@ def write_corpus(corpus: Corpus, url: str, shard_docs: int):
                 "text": [corpus.text(i) for i in idx],
                 "meta": ["{}"] * n,
             },
-            schema=datasets.document_schema(),
+            schema=document_schema(),
         )
         def write(f, table=table) -> int:
             pq.write_table(table, f)
             return table.num_rows
 
-        shards.append(datasets.write_shard(url, f"docs-{k:05d}.parquet", write))
-    return datasets.commit(url, "documents", "bench-input", shards, {})
+        shards.append(contract.write_shard(url, f"docs-{k:05d}.parquet", write))
+    return contract.commit(url, "documents", "bench-input", shards, {})
 
 
 def peak_rss_mb() -> float:
@@ -230,7 +231,6 @@ def run_smelt(input_url: str, output_url: str, threshold: float, queue) -> None:
     import pyarrow.compute  # noqa: F401
     import pyarrow.parquet  # noqa: F401
 
-    from tasks import datasets
     from tasks.dedup.config import DedupConfig
     from tasks.dedup.stage import run_dedup
 
@@ -245,13 +245,13 @@ def run_smelt(input_url: str, output_url: str, threshold: float, queue) -> None:
         return out
 
     start, wall = time.process_time(), time.perf_counter()
-    manifest = run_dedup([datasets.open_dataset(input_url)], output_url, DedupConfig(threshold=threshold),
+    manifest = run_dedup([contract.open_dataset(input_url)], output_url, DedupConfig(threshold=threshold),
                          fingerprint="bench", map_fn=timed_map)
     seconds, wall = time.process_time() - start, time.perf_counter() - wall
     queue.put({"seconds": seconds, "wall_seconds": wall, "phases": phase_seconds, "peak_rss_mb": peak_rss_mb(),
                "phase_peak_mb": phase_peak_mb,
                "stats": manifest.stats, "meta": manifest.meta,
-               "shards": [datasets.shard_url(manifest, s) for s in manifest.shards]})
+               "shards": [contract.shard_url(manifest, s) for s in manifest.shards]})
 
 
 def run_datasketch(corpus: Corpus, n_docs: int, threshold: float) -> float:

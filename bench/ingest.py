@@ -63,9 +63,9 @@ from pathlib import Path
 
 import fsspec
 
-from tasks import config, datasets
-from tasks.datasets import Stats
-from tasks.ingest.base import Document
+from tasks import config, contract, verified_reads
+from tasks.counters import Stats
+from tasks.documents import Document
 from tasks.compression import open_input
 from tasks.ingest.config import EXTRACT_ENGINES, WARC_ENGINES, IngestConfig
 from tasks.ingest.extract import extract_text
@@ -108,9 +108,9 @@ def warm_worker(cfg: IngestConfig) -> None:
     list(run_steps([doc], build_steps(cfg), {}))
 
 
-def kept_ids(manifest: datasets.Manifest) -> set[str]:
+def kept_ids(manifest: contract.Manifest) -> set[str]:
     return {i for s in manifest.shards
-            for i in datasets.read_parquet(datasets.shard_url(manifest, s), s, ["id"]).column("id").to_pylist()}
+            for i in verified_reads.read_parquet(contract.shard_url(manifest, s), s, ["id"]).column("id").to_pylist()}
 
 
 def token_f1(reference: str, candidate: str) -> float:

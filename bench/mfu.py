@@ -28,7 +28,7 @@ import tempfile
 import numpy as np
 import torch
 
-from tasks import datasets
+from tasks import contract
 from tasks.config import from_dict
 from tasks.train.config import FLOAT8_RECIPES, TrainConfig
 from tasks.train.metrics import mfu
@@ -41,13 +41,13 @@ def write_random_tokens(url: str, tokens: int, vocab: int) -> str:
     index = io.BytesIO()
     np.save(index, np.array([0], dtype=np.int64))
     shards = [
-        datasets.write_shard(url, "train-00000.bin", lambda f: f.write(stream.tobytes()) and len(stream),
+        contract.write_shard(url, "train-00000.bin", lambda f: f.write(stream.tobytes()) and len(stream),
                              split="train", tokens=len(stream), docs=1, dtype=dtype),
-        datasets.write_shard(url, "train-00000.idx", lambda f: f.write(index.getvalue()) and 1,
+        contract.write_shard(url, "train-00000.idx", lambda f: f.write(index.getvalue()) and 1,
                              split="train", tokens=0, docs=1, dtype="int64"),
     ]
     meta = {"dtype": dtype, "vocab_size": vocab, "eos_id": 0, "bos_id": None, "pad_id": None}
-    datasets.commit(url, "tokens", "bench-mfu", shards, {"tokens": len(stream)}, meta=meta)
+    contract.commit(url, "tokens", "bench-mfu", shards, {"tokens": len(stream)}, meta=meta)
     return url
 
 

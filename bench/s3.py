@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks import datasets  # noqa: E402
+from tasks import contract, storage  # noqa: E402
 from tasks.checkpoints import step_url  # noqa: E402
 from tasks.ingest.config import IngestConfig  # noqa: E402
 from tasks.ingest.readers import expand_inputs  # noqa: E402
@@ -53,17 +53,17 @@ def timed(fn) -> float:
 
 
 def bench_store(root: str, crawl_files: list[str], shard_mb: int, model, opt, cache: str) -> dict:
-    crawl = [datasets.join(root, "crawl", os.path.basename(f)) for f in crawl_files]
+    crawl = [storage.join(root, "crawl", os.path.basename(f)) for f in crawl_files]
     for src, dst in zip(crawl_files, crawl):
-        fs, path = datasets.filesystem(dst)
+        fs, path = storage.filesystem(dst)
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         fs.put_file(src, path)
     crawl_mb = sum(os.path.getsize(f) for f in crawl_files) / 1e6
     urls = expand_inputs(crawl)
-    ingest_s = timed(lambda: run_ingest(urls, datasets.join(root, "docs"), IngestConfig(), fingerprint="bench"))
+    ingest_s = timed(lambda: run_ingest(urls, storage.join(root, "docs"), IngestConfig(), fingerprint="bench"))
 
     tokens = np.arange(shard_mb * (1 << 20) // 2, dtype="<u2")
-    url = datasets.join(root, "tokens")
+    url = storage.join(root, "tokens")
 
     def write_tokens(f) -> int:
         f.write(tokens.tobytes())
@@ -74,11 +74,11 @@ def bench_store(root: str, crawl_files: list[str], shard_mb: int, model, opt, ca
         return 1
 
     def write_dataset() -> None:
-        shards = [datasets.write_shard(url, "train-00000.bin", write_tokens, split="train", tokens=len(tokens), docs=1,
+        shards = [contract.write_shard(url, "train-00000.bin", write_tokens, split="train", tokens=len(tokens), docs=1,
                                        dtype="uint16"),
-                  datasets.write_shard(url, "train-00000.idx", write_index, split="train", tokens=0, docs=1,
+                  contract.write_shard(url, "train-00000.idx", write_index, split="train", tokens=0, docs=1,
                                        dtype="int64")]
-        datasets.commit(url, "tokens", "bench", shards, {"tokens": len(tokens)},
+        contract.commit(url, "tokens", "bench", shards, {"tokens": len(tokens)},
                         meta={"dtype": "uint16", "vocab_size": 65536, "eos_id": 0, "bos_id": None, "pad_id": None})
 
     write_s = timed(write_dataset)
@@ -91,10 +91,10 @@ def bench_store(root: str, crawl_files: list[str], shard_mb: int, model, opt, ca
     cache_s = timed(first_window)
 
     app = {"model_optim": ModelOptimState(model, opt)}
-    run = datasets.join(root, "run")
+    run = storage.join(root, "run")
     ckpt = CheckpointManager(run, CheckpointConfig(async_mode="off"), rank=0, world_size=1, config_fingerprint="b")
     save_s = timed(lambda: ckpt.maybe_save(1, app, {"model": {}}, force=True))
-    state_mb = datasets.read_manifest(step_url(run, 1)).stats["checkpoint.bytes"] / 1e6
+    state_mb = contract.read_manifest(step_url(run, 1)).stats["checkpoint.bytes"] / 1e6
     load_s = timed(lambda: ckpt.load(app, step=1))
     ckpt.close()
     return {"ingest_s": ingest_s, "ingest_mb_per_s": crawl_mb / ingest_s,

@@ -32,7 +32,8 @@ sys.path.insert(0, str(REPO))
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from tasks import datasets, jsonlog  # noqa: E402
+from tasks import contract, jsonlog  # noqa: E402
+from tasks.documents import DOCUMENT_COLUMNS, document_schema
 from tasks.tokenize.config import TokenizeConfig, TokenizerConfig  # noqa: E402
 from tasks.tokenize.stage import run_tokenize  # noqa: E402
 from tasks.tokenize.tokenizer import train_tokenizer  # noqa: E402
@@ -40,10 +41,10 @@ from tasks.tokens import TokenStream  # noqa: E402
 from tasks.train.data import TokenLoader  # noqa: E402
 
 
-def write_documents(url: str, docs: int, seed: int = 0) -> datasets.Manifest:
+def write_documents(url: str, docs: int, seed: int = 0) -> contract.Manifest:
     rng = random.Random(seed)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(3000)]
-    rows = {name: [] for name in datasets.DOCUMENT_COLUMNS}
+    rows = {name: [] for name in DOCUMENT_COLUMNS}
     for n in range(docs):
         rows["id"].append(f"doc-{n}")
         rows["url"].append(f"https://bench.example/{n}")
@@ -53,14 +54,14 @@ def write_documents(url: str, docs: int, seed: int = 0) -> datasets.Manifest:
         rows["quality_score"].append(rng.random())
         rows["text"].append(" ".join(rng.choice(words) for _ in range(rng.randint(80, 300))) + ".")
         rows["meta"].append(json.dumps({"warc_file": "bench.warc.gz", "offset": n * 1000}))
-    table = pa.table(rows, schema=datasets.document_schema())
+    table = pa.table(rows, schema=document_schema())
 
     def write(f) -> int:
         pq.write_table(table, f)
         return table.num_rows
 
-    shard = datasets.write_shard(url, "docs-00000.parquet", write)
-    return datasets.commit(url, "documents", "bench-trace-docs", [shard], {"out": docs})
+    shard = contract.write_shard(url, "docs-00000.parquet", write)
+    return contract.commit(url, "documents", "bench-trace-docs", [shard], {"out": docs})
 
 
 def write_run(run: str, tokens_url: str, steps: int, batch: int, seq_len: int, part_steps: int, ranks: int) -> int:

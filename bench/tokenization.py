@@ -25,7 +25,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks import datasets
+from tasks import contract
+from tasks.documents import DOCUMENT_COLUMNS, document_schema
 from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.stage import run_tokenize
 from tasks.tokenize.tokenizer import train_tokenizer
@@ -50,21 +51,21 @@ def stdlib_texts(megabytes: float) -> list[str]:
     return texts
 
 
-def write_documents(url: str, texts: list[str], shards: int) -> datasets.Manifest:
+def write_documents(url: str, texts: list[str], shards: int) -> contract.Manifest:
     infos = []
     for k in range(shards):
         part = texts[k::shards]
-        columns = {name: [None] * len(part) for name in datasets.DOCUMENT_COLUMNS}
+        columns = {name: [None] * len(part) for name in DOCUMENT_COLUMNS}
         columns["id"] = [f"doc-{k}-{i}" for i in range(len(part))]
         columns["text"] = part
-        table = pa.table(columns, schema=datasets.document_schema())
+        table = pa.table(columns, schema=document_schema())
 
         def write(f, table=table) -> int:
             pq.write_table(table, f, row_group_size=1024)
             return table.num_rows
 
-        infos.append(datasets.write_shard(url, f"docs-{k:05d}.parquet", write))
-    return datasets.commit(url, "documents", "bench-docs", infos, {"docs": len(texts)})
+        infos.append(contract.write_shard(url, f"docs-{k:05d}.parquet", write))
+    return contract.commit(url, "documents", "bench-docs", infos, {"docs": len(texts)})
 
 
 def time_encode_batch(tokenizer_url: str, texts: list[str]) -> float:
@@ -74,7 +75,7 @@ def time_encode_batch(tokenizer_url: str, texts: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def time_stage(docs: datasets.Manifest, tokenizer_url: str, out: str, cfg: TokenizeConfig) -> tuple[float, datasets.Manifest]:
+def time_stage(docs: contract.Manifest, tokenizer_url: str, out: str, cfg: TokenizeConfig) -> tuple[float, contract.Manifest]:
     start = time.perf_counter()
     manifest = run_tokenize([docs], tokenizer_url, out, cfg, fingerprint="bench")
     return time.perf_counter() - start, manifest

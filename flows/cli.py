@@ -84,12 +84,13 @@ def sample(
     as_json: JsonOpt = False,
 ) -> None:
     """Write the generated sample: a crawl (gzipped WARC + ground_truth.jsonl) and source code under code/."""
-    from tasks import datasets
+    from tasks import contract, storage
+    from tasks.contract import DatasetError
     from tasks.sample.code import write_sample_code
     from tasks.sample.crawl import write_sample_crawl
 
     summary = write_sample_crawl(output, pages=pages, files=files, seed=seed)
-    summary["code"] = write_sample_code(datasets.join(datasets.normalize_url(output), "code"), seed=seed)
+    summary["code"] = write_sample_code(storage.join(storage.normalize_url(output), "code"), seed=seed)
     _emit(summary, as_json, lambda s: console.print(f"wrote sample crawl to {output}: {s}"))
 
 
@@ -119,7 +120,6 @@ def run(
 
 def _check_inputs(section: str, inputs: list[str]) -> None:
     """Fail fast, before any flow starts, on inputs that do not exist or are not complete datasets."""
-    from tasks import datasets
 
     if section == "ingest":
         from tasks.ingest.readers import expand_inputs
@@ -131,12 +131,12 @@ def _check_inputs(section: str, inputs: list[str]) -> None:
         expand_code_inputs(inputs)
     elif section == "dedup":  # a documents dataset, or raw JSONL/Parquet files (globs allowed)
         for url in inputs:
-            fs, path = datasets.filesystem(url)
-            if datasets.read_manifest(url) is None and not fs.glob(path):
-                raise datasets.DatasetError(f"no documents dataset or files at {url}")
+            fs, path = storage.filesystem(url)
+            if contract.read_manifest(url) is None and not fs.glob(path):
+                raise contract.DatasetError(f"no documents dataset or files at {url}")
     else:
         for url in inputs:
-            datasets.open_dataset(url, kind="documents")
+            contract.open_dataset(url, kind="documents")
 
 
 def _stage_command(flow_fn, section: str, inputs: list[str], output: Optional[str], root: str,
@@ -337,7 +337,6 @@ def report(
     root: Annotated[Optional[str], typer.Option("--root", help="Where the run's evaluations are (default: the run's root).")] = None,
 ) -> None:
     """One self-contained HTML page of a run: config, curves, goodput, faults, stragglers, checkpoints, data funnel."""
-    from tasks.datasets import DatasetError
     from tasks.report.publish import write_report
 
     if not os.path.isdir(run_dir) and "://" not in run_dir:
@@ -477,7 +476,6 @@ def _preflight_stores(argv: list[str]) -> None:
 def main() -> None:
     """Entry point: user mistakes become one sentence on stderr and exit code 2."""
     from tasks.config import ConfigError
-    from tasks.datasets import DatasetError
     from tasks.errors import StageFailed
 
     from infra.launch.job import SubmitError

@@ -19,7 +19,7 @@ from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.states import Failed
 
 from flows.dask_runtime import dask_map
-from tasks import datasets, errors
+from tasks import contract, errors
 from tasks.lease import Lease, LeaseRecord, acquire
 from tasks.parallel import MapFn
 
@@ -46,11 +46,11 @@ class StageOutcome:
 
 def planned_output(root: str, stage: str, cfg: Any, input_fingerprints: list[str], *packages: str) -> tuple[str, str]:
     """(output URL, fingerprint) of a stage: computable before anything runs."""
-    fp = datasets.fingerprint(stage, cfg, input_fingerprints, datasets.code_version(*packages))
-    return datasets.stage_url(root, stage, fp), fp
+    fp = contract.fingerprint(stage, cfg, input_fingerprints, contract.code_version(*packages))
+    return contract.stage_url(root, stage, fp), fp
 
 
-def reuse_or_run(stage: str, url: str, fp: str, compute: Callable[[], datasets.Manifest]) -> StageOutcome:
+def reuse_or_run(stage: str, url: str, fp: str, compute: Callable[[], contract.Manifest]) -> StageOutcome:
     """Return the finished dataset at ``url`` or run ``compute`` to make it; log which.
 
     Computed once across concurrent runs: the one that takes the output folder's lease (tasks/lease.py)
@@ -58,11 +58,11 @@ def reuse_or_run(stage: str, url: str, fp: str, compute: Callable[[], datasets.M
     stops renewing, and a waiting one takes over after ``STAGE_LEASE_TIMEOUT_S`` (at once on its host)."""
     logger = get_run_logger()
     start = time.perf_counter()
-    manifest = datasets.finished_dataset(url, fp)
+    manifest = contract.finished_dataset(url, fp)
     reused = manifest is not None
     if not reused:
         with _stage_lease(stage, url, logger.info):
-            manifest = datasets.finished_dataset(url, fp)  # made by the run we waited for
+            manifest = contract.finished_dataset(url, fp)  # made by the run we waited for
             reused = manifest is not None
             if not reused:
                 logger.info(f"{stage}: computing {url}")
@@ -93,17 +93,17 @@ def _stage_lease(stage: str, url: str, log: Callable[[str], None]) -> Lease:
     return acquire(url, timeout_s=STAGE_LEASE_TIMEOUT_S, wait=True, on_wait=on_wait)
 
 
-def scalar_meta(manifest: datasets.Manifest) -> dict[str, Any]:
+def scalar_meta(manifest: contract.Manifest) -> dict[str, Any]:
     """The manifest's small meta values (vocab size, dtype, …) worth showing in summaries."""
     return {k: v for k, v in manifest.meta.items() if isinstance(v, (int, float, str, bool))}
 
 
 def run_on_dask(stage: str, url: str, fp: str, dask_address: str | None,
-                run: Callable[[MapFn], datasets.Manifest]) -> dict:
+                run: Callable[[MapFn], contract.Manifest]) -> dict:
     """Reuse the stage's dataset or run it, fanning its work items out over Dask; a StageOutcome dict."""
     log = get_run_logger().info
 
-    def compute() -> datasets.Manifest:
+    def compute() -> contract.Manifest:
         with dask_map(dask_address, log) as map_fn:
             return run(map_fn)
 
@@ -115,7 +115,7 @@ def artifact_key(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
-def publish_stats(stage: str, manifest: datasets.Manifest) -> None:
+def publish_stats(stage: str, manifest: contract.Manifest) -> None:
     """The stage's counters as a Prefect table artifact: the ordered funnel when the stage records one
     (documents in → out of every step, with drop reasons), else every counter."""
     from tasks.counters import funnel

@@ -24,7 +24,7 @@ from flows.evaluation import eval_task
 from flows.ingest import code_ingest_output, code_ingest_task, ingest_output, ingest_task
 from flows.tokens import tokenize_task, tokenizer_output, tokenizer_task, tokens_output
 from flows.train import train_task
-from tasks import datasets
+from tasks import contract, storage
 from tasks.ingest.code.readers import expand_code_inputs
 from tasks.ingest.readers import expand_inputs
 from tasks.objectstore import preflight_all
@@ -38,17 +38,17 @@ def sample_task(root: str) -> dict[str, list[str]]:
     from tasks.sample.code import write_sample_code
     from tasks.sample.crawl import write_sample_crawl
 
-    url = datasets.join(datasets.normalize_url(root), SAMPLE_DIR)
-    code_url = datasets.join(url, "code")
-    fs, path = datasets.filesystem(datasets.join(url, "ground_truth.jsonl"))
+    url = storage.join(storage.normalize_url(root), SAMPLE_DIR)
+    code_url = storage.join(url, "code")
+    fs, path = storage.filesystem(storage.join(url, "ground_truth.jsonl"))
     if not fs.exists(path):
         get_run_logger().info(f"writing the sample crawl to {url}")
         write_sample_crawl(url)
-    cfs, cpath = datasets.filesystem(datasets.join(code_url, "code_ground_truth.jsonl"))
+    cfs, cpath = storage.filesystem(storage.join(code_url, "code_ground_truth.jsonl"))
     if not cfs.exists(cpath):
         get_run_logger().info(f"writing the sample source code to {code_url}")
         write_sample_code(code_url)
-    return {"web": [datasets.join(url, "*.warc.gz")], "code": [datasets.join(code_url, "code-*.jsonl.gz")]}
+    return {"web": [storage.join(url, "*.warc.gz")], "code": [storage.join(code_url, "code-*.jsonl.gz")]}
 
 
 def data_graph(steps, web: list[str], code: list[str]) -> tuple[dict, dict, dict, dict]:
@@ -124,7 +124,7 @@ def planned_data_urls(web: list[str], code: list[str], root: str, cfg: RunConfig
 
 def data_stages_pending(web: list[str], code: list[str], root: str, cfg: RunConfig) -> bool:
     """True if any data stage still has to run: only then is a Dask cluster worth starting."""
-    return any(datasets.read_manifest(u) is None for u in planned_data_urls(web, code, root, cfg))
+    return any(contract.read_manifest(u) is None for u in planned_data_urls(web, code, root, cfg))
 
 
 @flow(name="crawl-to-model")
@@ -139,7 +139,7 @@ def crawl_to_model(inputs: list[str] | None = None, code_inputs: list[str] | Non
     start = time.perf_counter()
     preflight_all(inputs, code_inputs, root)
     cfg = load_run_config(config_path, overrides or [])
-    root = datasets.normalize_url(root)
+    root = storage.normalize_url(root)
     if not inputs and not code_inputs:
         sample = sample_task(root)
         inputs, code_inputs = sample["web"], sample["code"]

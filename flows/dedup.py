@@ -6,7 +6,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import fails_in_one_sentence, one_sentence_failures, planned_output, retry_options, run_on_dask
-from tasks import datasets
+from tasks import storage
 from tasks.config import from_dict
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.inputs import load_dedup_inputs
@@ -24,9 +24,9 @@ def dedup_task(inputs: list[str], root: str, config: dict, dask_address: str | N
                output: str | None = None) -> dict:
     """Run (or reuse) dedup over documents datasets or raw JSONL/Parquet files with id and text."""
     cfg = from_dict(DedupConfig, config)
-    manifests = load_dedup_inputs(inputs, staging_url=datasets.join(datasets.normalize_url(root), "dedup-inputs"))
+    manifests = load_dedup_inputs(inputs, staging_url=storage.join(storage.normalize_url(root), "dedup-inputs"))
     url, fp = dedup_output([m.fingerprint for m in manifests], root, cfg)
-    url = datasets.normalize_url(output) if output else url
+    url = storage.normalize_url(output) if output else url
     return run_on_dask(STAGE, url, fp, dask_address,
                        lambda map_fn: run_dedup(manifests, url, cfg, fingerprint=fp, map_fn=map_fn))
 

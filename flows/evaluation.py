@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import (StageOutcome, artifact_key, fails_in_one_sentence, one_sentence_failures, planned_output,
                           publish_run_report, retry_options)
-from tasks import datasets, eval_holds
+from tasks import contract, eval_holds, storage
 from tasks.checkpoints import resolve as resolve_checkpoint, run_dir_of, step_of
 from tasks.config import from_dict
 from tasks.eval.config import EvalConfig
@@ -57,16 +57,16 @@ def _skipped(checkpoint: str, reason: str) -> dict:
 
 def _run_has_checkpoints(step_url: str) -> bool:
     """True if the step's run folder still holds its checkpoints folder (so the step was there, not mistyped)."""
-    fs, path = datasets.filesystem(step_url.rstrip("/").rsplit("/", 1)[0])
+    fs, path = storage.filesystem(step_url.rstrip("/").rsplit("/", 1)[0])
     return fs.isdir(path)
 
 
 def _data_sources(step_url: str, data: str | None) -> dict[str, str]:
     """Split name → tokens URL: the given dataset (named as the run named it), else every one the run used."""
-    trained_on = {n: datasets.normalize_url(u) for n, u in datasets.read_manifest(step_url).meta["data"].items()}
+    trained_on = {n: storage.normalize_url(u) for n, u in contract.read_manifest(step_url).meta["data"].items()}
     if not data:
         return trained_on
-    url = datasets.normalize_url(data)
+    url = storage.normalize_url(data)
     return {next((n for n, u in trained_on.items() if u == url), "data"): url}
 
 
@@ -102,7 +102,7 @@ def eval_task(checkpoint: str, data: str | None, root: str | None, config: dict)
 def _eval_checkpoint(checkpoint: str, data: str | None, root: str | None, config: dict) -> dict:
     logger = get_run_logger()
     cfg = from_dict(EvalConfig, config)
-    requested = datasets.normalize_url(checkpoint)
+    requested = storage.normalize_url(checkpoint)
     if step_of(requested) is not None and checkpoint_identity(requested) is None and _run_has_checkpoints(requested):
         return _skipped(requested, "no committed checkpoint there any more: retention removed it "
                                    "(it keeps the newest train.checkpoint.keep_last)")
@@ -111,24 +111,24 @@ def _eval_checkpoint(checkpoint: str, data: str | None, root: str | None, config
     if identity is None:
         return _skipped(step_url, "the checkpoint was removed while its eval started")
     run_dir = run_dir_of(step_url)
-    root = datasets.normalize_url(root) if root else root_of(run_dir)
+    root = storage.normalize_url(root) if root else root_of(run_dir)
     sources = _data_sources(step_url, data)
-    inputs = [datasets.canonical_json(identity)] + [
-        f"{n}:{datasets.open_dataset(u, kind='tokens').fingerprint}" for n, u in sorted(sources.items())]
+    inputs = [contract.canonical_json(identity)] + [
+        f"{n}:{contract.open_dataset(u, kind='tokens').fingerprint}" for n, u in sorted(sources.items())]
     # eval.threads pins torch's threads while scoring: it changes how fast, never what, so it is no part of
     # the result's identity (the demo's own eval and the deployment's triggered one are one dataset)
     url, fp = planned_output(root, STAGE, dataclasses.replace(cfg, threads=0), inputs, "tasks.eval")
-    manifest, seconds = datasets.finished_dataset(url, fp), 0.0
+    manifest, seconds = contract.finished_dataset(url, fp), 0.0
     reused = manifest is not None
     if reused:
         logger.info(f"eval: reusing evaluation {url}")
     else:
         try:
             manifest, seconds = _evaluate(step_url, identity, sources, root, url, fp, cfg)
-        except datasets.DatasetError:
+        except contract.DatasetError:
             # The same checkpoint evaluated at once elsewhere (the run's own eval and the triggered
             # one) and committed first: its result is this one's.
-            manifest, reused = datasets.finished_dataset(url, fp), True
+            manifest, reused = contract.finished_dataset(url, fp), True
             if manifest is None:
                 raise
     outcome = StageOutcome(STAGE, url, fp, manifest.kind, reused, seconds, int(manifest.stats["tokens_scored"]),
@@ -141,7 +141,7 @@ def _eval_checkpoint(checkpoint: str, data: str | None, root: str | None, config
 
 
 def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str, url: str, fp: str,
-              cfg: EvalConfig) -> tuple[datasets.Manifest, float]:
+              cfg: EvalConfig) -> tuple[contract.Manifest, float]:
     """Score the checkpoint, commit the eval dataset (report + plot), publish the run's table and plot."""
     run_dir = run_dir_of(step_url)
     report = evaluate_checkpoint(step_url, sources, cfg)
@@ -152,10 +152,10 @@ def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str,
             "identity": identity, "splits": splits, "total": {k: report[k] for k in (*FIGURES, "baselines")},
             "probes": report["probes"]}
     evaluations = _with_run_results(root, run_dir, meta)
-    shards = [datasets.write_shard(url, REPORT, functools.partial(_write_file, data=json.dumps(report, indent=2).encode()))]
+    shards = [contract.write_shard(url, REPORT, functools.partial(_write_file, data=json.dumps(report, indent=2).encode()))]
     plot = _loss_plot(run_dir, evaluations)
     if plot is not None:
-        shards.append(datasets.write_shard(url, PLOT, functools.partial(_write_file, data=plot)))
+        shards.append(contract.write_shard(url, PLOT, functools.partial(_write_file, data=plot)))
     stats = {k: report[k] for k in (*FIGURES, "tokens_scored", "bytes_scored")}
     stats.update({f"{n}.{k}": s[k] for n, s in splits.items() for k in FIGURES})
     stats.update({f"{n}.{c}_bits_per_byte": bpb for n, s in [*splits.items(), ("total", report)]
@@ -173,14 +173,14 @@ def _evaluate(step_url: str, identity: dict, sources: dict[str, str], root: str,
                                       **harness["metrics"]}],
                               description=f"lm-evaluation-harness (model hf) on the export of {step_url}")
     # -- end lm-evaluation-harness --
-    manifest = datasets.commit(url, kind="eval", fp=fp, shards=shards, stats=stats,
-                               inputs=[datasets.read_manifest(step_url)], config=cfg, meta=meta)
+    manifest = contract.commit(url, kind="eval", fp=fp, shards=shards, stats=stats,
+                               inputs=[contract.read_manifest(step_url)], config=cfg, meta=meta)
     run_name = run_dir.rsplit("/", 1)[-1]
     create_table_artifact(key=artifact_key(f"smelt-evals-{run_name}"), table=results_table(evaluations),
                           description=f"validation loss, perplexity and bits per byte of every evaluated "
                                       f"checkpoint of {run_dir}")
     if plot is not None:
-        create_link_artifact(key=artifact_key(f"smelt-eval-plot-{run_name}"), link=datasets.join(url, PLOT),
+        create_link_artifact(key=artifact_key(f"smelt-eval-plot-{run_name}"), link=storage.join(url, PLOT),
                              link_text=f"loss curves up to step {report['step']}")
     per_split = ", ".join(f"{n} {s['val_loss']:.4f} ({s['bits_per_byte']:.3f} bits/byte, xz -9e "
                           f"{s['baselines']['xz']:.3f})" for n, s in splits.items())

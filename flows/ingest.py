@@ -6,7 +6,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import fails_in_one_sentence, one_sentence_failures, planned_output, retry_options, run_on_dask
-from tasks import datasets
+from tasks import contract, storage
 from tasks.config import from_dict
 from tasks.counters import funnel
 from tasks.ingest.config import IngestConfig
@@ -31,7 +31,7 @@ def model_stamps(cfg: IngestConfig) -> list[str]:
 def ingest_output(inputs: list[str], root: str, cfg: IngestConfig) -> tuple[list[str], str, str]:
     """(expanded input URLs, output URL, fingerprint) for raw inputs under ``root``."""
     urls = expand_inputs(inputs)
-    url, fp = planned_output(root, STAGE, cfg, datasets.raw_input_fingerprints(urls) + model_stamps(cfg),
+    url, fp = planned_output(root, STAGE, cfg, contract.raw_input_fingerprints(urls) + model_stamps(cfg),
                              "tasks.ingest")
     return urls, url, fp
 
@@ -43,10 +43,10 @@ def ingest_task(inputs: list[str], root: str, config: dict, dask_address: str | 
     """Run (or reuse) the ingest stage; returns a StageOutcome dict with the dataset URL."""
     cfg = from_dict(IngestConfig, config)
     urls, url, fp = ingest_output(inputs, root, cfg)
-    url = datasets.normalize_url(output) if output else url
+    url = storage.normalize_url(output) if output else url
     outcome = run_on_dask(STAGE, url, fp, dask_address,
                           lambda map_fn: run_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn))
-    return {**outcome, "funnel": funnel(datasets.open_dataset(outcome["url"]))}
+    return {**outcome, "funnel": funnel(contract.open_dataset(outcome["url"]))}
 
 
 @flow(name="ingest")
@@ -72,10 +72,10 @@ def code_ingest_task(inputs: list[str], root: str, config: dict, dask_address: s
     """Run (or reuse) source-code ingest: files, archives or trees → code documents."""
     cfg = from_dict(CodeIngestConfig, config)
     urls, url, fp = code_ingest_output(inputs, root, cfg)
-    url = datasets.normalize_url(output) if output else url
+    url = storage.normalize_url(output) if output else url
     outcome = run_on_dask(CODE_STAGE, url, fp, dask_address,
                           lambda map_fn: run_code_ingest(urls, url, cfg, fingerprint=fp, map_fn=map_fn))
-    return {**outcome, "funnel": funnel(datasets.open_dataset(outcome["url"]))}
+    return {**outcome, "funnel": funnel(contract.open_dataset(outcome["url"]))}
 
 
 @flow(name="ingest-code")

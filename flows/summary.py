@@ -24,7 +24,7 @@ def _kind(stage: dict) -> str:
 
 
 def _in_out(stage: dict) -> tuple[str, str]:
-    """The stage's ``in`` and ``out`` counters (the vocabulary of ``tasks.datasets.Stats``)."""
+    """The stage's ``in`` and ``out`` counters (the vocabulary of ``tasks.counters.Stats``)."""
     stats = stage.get("stats", {})
     return tuple(f"{stats[k]:,}" if isinstance(stats.get(k), (int, float)) else "" for k in ("in", "out"))
 

@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import (fails_in_one_sentence, one_sentence_failures, planned_output, retry_options, reuse_or_run,
                           run_on_dask)
-from tasks import datasets
+from tasks import contract, storage
 from tasks.config import from_dict
 from tasks.objectstore import preflight_all
 from tasks.tokenize.config import SpecialTokens, TokenizeConfig, TokenizerConfig
@@ -33,9 +33,9 @@ def tokens_output(input_fps: list[str], tokenizer_fp: str, root: str, cfg: Token
 def tokenizer_task(inputs: list[str], root: str, config: dict, output: str | None = None) -> dict:
     """Train (or reuse) a byte-level BPE tokenizer on documents datasets (``config``: ``[tokenizer]``)."""
     cfg = from_dict(TokenizerConfig, config)
-    manifests = [datasets.open_dataset(u, kind="documents") for u in inputs]
+    manifests = [contract.open_dataset(u, kind="documents") for u in inputs]
     url, fp = tokenizer_output([m.fingerprint for m in manifests], root, cfg)
-    url = datasets.normalize_url(output) if output else url
+    url = storage.normalize_url(output) if output else url
     return reuse_or_run(TOKENIZER_STAGE, url, fp,
                         lambda: train_tokenizer(manifests, url, cfg, fingerprint=fp)).to_dict()
 
@@ -50,11 +50,11 @@ def tokenize_task(inputs: list[str], tokenizer_url: str, root: str, config: dict
     ``config`` is ``[tokenize]``; of ``[tokenizer]`` (``tokenizer_config``) only the special tokens' names count."""
     cfg = from_dict(TokenizeConfig, config)
     special = from_dict(TokenizerConfig, tokenizer_config or {}).special()
-    manifests = [datasets.open_dataset(u, kind="documents") for u in inputs]
-    tokenizer = datasets.read_manifest(tokenizer_url)
-    tokenizer_fp = tokenizer.fingerprint if tokenizer else datasets.raw_input_fingerprints([tokenizer_url])[0]
+    manifests = [contract.open_dataset(u, kind="documents") for u in inputs]
+    tokenizer = contract.read_manifest(tokenizer_url)
+    tokenizer_fp = tokenizer.fingerprint if tokenizer else contract.raw_input_fingerprints([tokenizer_url])[0]
     url, fp = tokens_output([m.fingerprint for m in manifests], tokenizer_fp, root, cfg, special)
-    url = datasets.normalize_url(output) if output else url
+    url = storage.normalize_url(output) if output else url
     return run_on_dask(STAGE, url, fp, dask_address,
                        lambda map_fn: run_tokenize(manifests, tokenizer_url, url, cfg, special=special,
                                                     fingerprint=fp, map_fn=map_fn))

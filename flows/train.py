@@ -23,7 +23,7 @@ from prefect.events import emit_event
 from flows.common import (StageOutcome, artifact_key, fails_in_one_sentence, one_sentence_failures, publish_run_report,
                           retry_options)
 from flows.config import LaunchConfig
-from tasks import datasets, eval_holds
+from tasks import contract, eval_holds, storage
 from tasks.config import from_dict
 from prefect.runtime import flow_run
 
@@ -40,13 +40,13 @@ CHECKPOINT_EVENT = "smelt.checkpoint.committed"
 PUBLISHED = "published.json"  # steps whose commit was published
 
 
-def run_dir_for(data: dict[str, str], root: str, cfg: TrainConfig) -> tuple[str, str, dict[str, datasets.Manifest]]:
+def run_dir_for(data: dict[str, str], root: str, cfg: TrainConfig) -> tuple[str, str, dict[str, contract.Manifest]]:
     """(run folder, run identity, tokens manifests): ``<root>/train/<identity>``, where the identity is what
     makes the run's checkpoints meaningful (tasks/train/identity.py), not the whole config nor the code, so a
     longer step budget, another layout or a code fix continues the same run from its newest checkpoint."""
-    manifests = {name: datasets.open_dataset(url, kind="tokens") for name, url in data.items()}
+    manifests = {name: contract.open_dataset(url, kind="tokens") for name, url in data.items()}
     identity = run_identity(cfg, manifests)
-    return datasets.stage_url(root, STAGE, identity), identity, manifests
+    return contract.stage_url(root, STAGE, identity), identity, manifests
 
 
 class CheckpointPublisher:
@@ -58,8 +58,8 @@ class CheckpointPublisher:
 
     def __init__(self, run_dir: str, run_name: str, root: str, hold_minutes: float):
         self.run_dir, self.run_name, self.root, self.hold_minutes = run_dir, run_name, root, hold_minutes
-        self.marker = datasets.join(run_dir, PUBLISHED)
-        fs, path = datasets.filesystem(self.marker)
+        self.marker = storage.join(run_dir, PUBLISHED)
+        fs, path = storage.filesystem(self.marker)
         self.published: set[int] = set(json.loads(fs.cat_file(path))) if fs.exists(path) else set()
 
     def poll(self) -> None:
@@ -85,7 +85,7 @@ class CheckpointPublisher:
                          "loss": ckpt.get("loss"), "tokens": ckpt.get("tokens")},
             )
             self.published.add(ckpt["step"])
-            with datasets.atomic_write(self.marker, "w") as f:
+            with storage.atomic_write(self.marker, "w") as f:
                 f.write(json.dumps(sorted(self.published)))
         if new:  # the report follows the run checkpoint by checkpoint
             publish_run_report(self.run_dir, self.root)
@@ -97,7 +97,7 @@ class CheckpointPublisher:
 
 def publish_run_reports(run_dir: str, run_name: str) -> None:
     """Straggler flags and the goodput split of a finished launch as Prefect table artifacts."""
-    fs, path = datasets.filesystem(datasets.join(run_dir, STRAGGLER_REPORT))
+    fs, path = storage.filesystem(storage.join(run_dir, STRAGGLER_REPORT))
     if fs.exists(path):
         flagged = json.loads(fs.cat_file(path)).get("flagged", [])
         if flagged:
@@ -105,7 +105,7 @@ def publish_run_reports(run_dir: str, run_name: str) -> None:
         create_table_artifact(key=artifact_key(f"smelt-stragglers-{run_name}"),
                               table=flagged or [{"rank": None, "note": "no rank flagged"}],
                               description=f"ranks flagged as stragglers in {run_dir}")
-    sfs, spath = datasets.filesystem(datasets.join(run_dir, "summary.json"))
+    sfs, spath = storage.filesystem(storage.join(run_dir, "summary.json"))
     if sfs.exists(spath):
         goodput = json.loads(sfs.cat_file(spath)).get("goodput")
         if goodput:
@@ -149,7 +149,7 @@ def train_task(data: list[str], root: str, config: dict, launch: dict, run_dir: 
     cfg = from_dict(TrainConfig, config)
     sources = parse_data(data)
     url, fp, manifests = run_dir_for(sources, root, cfg)
-    url = datasets.normalize_url(run_dir) if run_dir else url
+    url = storage.normalize_url(run_dir) if run_dir else url
     lease = take_run_lease(url, wait_s=float(launch.get("lease_wait_minutes", LaunchConfig.lease_wait_minutes)) * 60,
                            timeout_s=float(launch.get("lease_timeout_minutes", LaunchConfig.lease_timeout_minutes)) * 60,
                            log=logger.info)
@@ -168,7 +168,7 @@ def _train_leased(sources: dict[str, str], root: str, cfg: TrainConfig, config: 
     logger = get_run_logger()
     finished = finished_run(url)  # None also when its final checkpoint fails verification: resume and rewrite it
     if finished is not None and finished.fingerprint != fp:
-        raise datasets.DatasetError(f"{url} holds run {finished.fingerprint}, not {fp}: the model, data, batch "
+        raise contract.DatasetError(f"{url} holds run {finished.fingerprint}, not {fp}: the model, data, batch "
                                     "contract or seed differ; choose another run folder")
     if finished is not None and int(finished.meta["step"]) >= cfg.steps and branch["resume_from"] is None:
         if int(finished.meta["step"]) > cfg.steps:
@@ -179,7 +179,7 @@ def _train_leased(sources: dict[str, str], root: str, cfg: TrainConfig, config: 
     if finished is not None:  # launch_training (prepare_run) unfinishes it and records what changed
         logger.info(f"train: run {url} finished at step {finished.meta['step']}; continuing to step {cfg.steps}")
 
-    publisher = CheckpointPublisher(url, fp, datasets.normalize_url(root), cfg.checkpoint.eval_hold_minutes)
+    publisher = CheckpointPublisher(url, fp, storage.normalize_url(root), cfg.checkpoint.eval_hold_minutes)
     stop = threading.Event()
     # The follower runs in a copy of this task's context so its artifacts and events belong to the task run.
     follower = threading.Thread(target=contextvars.copy_context().run, args=(publisher.follow, stop), daemon=True)
@@ -202,18 +202,18 @@ def _train_leased(sources: dict[str, str], root: str, cfg: TrainConfig, config: 
             raise RuntimeError(f"training finished but {url} holds no committed checkpoint")
         final = committed[-1]
         lease.fence()  # the run's result is this launch's only while no newer one took it over
-        manifest = datasets.commit(
+        manifest = contract.commit(
             url, kind=RUN_KIND, fp=fp, shards=[],
             stats={"steps": summary["steps"], "tokens": summary["tokens"], "restarts": result.get("restarts", 0)},
             inputs=list(manifests.values()), config=cfg,
             meta={"checkpoint": relative_step(final["step"]), "step": final["step"], "summary": summary,
                   "data": sources},
         )
-    publish_run_report(url, datasets.normalize_url(root))  # finished, with the final summary's goodput
+    publish_run_report(url, storage.normalize_url(root))  # finished, with the final summary's goodput
     return _outcome(url, manifest, reused=False, seconds=result["seconds"])
 
 
-def _outcome(url: str, manifest: datasets.Manifest, reused: bool, seconds: float) -> dict:
+def _outcome(url: str, manifest: contract.Manifest, reused: bool, seconds: float) -> dict:
     outcome = StageOutcome(STAGE, url, manifest.fingerprint, manifest.kind, reused, round(seconds, 2),
                            int(manifest.stats.get("tokens", 0)), dict(manifest.stats)).to_dict()
     outcome["checkpoint"] = named_checkpoint(manifest)

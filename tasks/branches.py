@@ -28,7 +28,7 @@ import json
 import logging
 import time
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.checkpoint_layout import CHECKPOINTS_DIR, step_dirs
 
 log = logging.getLogger(__name__)
@@ -65,18 +65,18 @@ def check_request(resume_from: int | None, skip_steps: tuple[int, int] | None) -
 
 def read(run_dir: str) -> list[dict]:
     """The run's branch records, oldest first (none for a run that never branched)."""
-    fs, path = datasets.filesystem(datasets.join(datasets.normalize_url(run_dir), BRANCHES))
+    fs, path = storage.filesystem(storage.join(storage.normalize_url(run_dir), BRANCHES))
     return list(json.loads(fs.cat_file(path))["branches"]) if fs.exists(path) else []
 
 
 def write(run_dir: str, records: list[dict]) -> None:
-    with datasets.atomic_write(datasets.join(datasets.normalize_url(run_dir), BRANCHES), "w") as f:
+    with storage.atomic_write(storage.join(storage.normalize_url(run_dir), BRANCHES), "w") as f:
         f.write(json.dumps({"branches": records}, indent=2, sort_keys=True))
 
 
 def branch_url(run_dir: str, record: dict) -> str:
     """The folder holding a branch's checkpoints (a run folder of its own for tasks.checkpoints)."""
-    return datasets.join(datasets.normalize_url(run_dir), record["url"])
+    return storage.join(storage.normalize_url(run_dir), record["url"])
 
 
 def served(records: list[dict], from_step: int, skip_steps: tuple[int, int] | None, *, request: str | None,
@@ -98,7 +98,7 @@ def declare(run_dir: str, from_step: int, later: dict[int, str], committed: set[
     """Record branch n+1 and move the step folders ``later`` (step → URL, all after ``from_step``) under it;
     uncommitted ones (crashed saves) are deleted, not kept. A finished run's manifest naming a moved step is
     removed: the run is unfinished until the new trajectory commits its own. Returns the record."""
-    run_dir = datasets.normalize_url(run_dir)
+    run_dir = storage.normalize_url(run_dir)
     records = read(run_dir)
     n = max((r["branch"] for r in records), default=0) + 1
     record = {"branch": n, "from_step": int(from_step), "steps": sorted(s for s in later if s in committed),
@@ -106,9 +106,9 @@ def declare(run_dir: str, from_step: int, later: dict[int, str], committed: set[
               "skip_steps": list(skip_steps) if skip_steps else None, "skip_samples": None,
               "time": time.time(), "complete": False}
     write(run_dir, records + [record])
-    finished = datasets.read_manifest(run_dir)
+    finished = contract.read_manifest(run_dir)
     if finished is not None and int(finished.meta.get("step", 0)) > from_step:
-        fs, path = datasets.filesystem(datasets.join(run_dir, datasets.MANIFEST))
+        fs, path = storage.filesystem(storage.join(run_dir, contract.MANIFEST))
         fs.rm(path)
         log.warning("run %s finished at step %s, now on branch %d: it is unfinished until this launch commits",
                     run_dir, finished.meta.get("step"), n)
@@ -117,14 +117,14 @@ def declare(run_dir: str, from_step: int, later: dict[int, str], committed: set[
 
 def finish(run_dir: str, record: dict) -> dict:
     """Move whatever of ``record``'s branch is still under ``checkpoints/`` (idempotent); mark it complete."""
-    target = datasets.join(branch_url(run_dir, record), CHECKPOINTS_DIR)
+    target = storage.join(branch_url(run_dir, record), CHECKPOINTS_DIR)
     for step, url in step_dirs(run_dir).items():
         if step <= record["from_step"]:
             continue
         if step in record["steps"]:
-            _move(url, datasets.join(target, url.rstrip("/").rsplit("/", 1)[-1]))
+            _move(url, storage.join(target, url.rstrip("/").rsplit("/", 1)[-1]))
         else:  # an uncommitted save of the old trajectory, or the tail of a move a crash cut short
-            fs, path = datasets.filesystem(url)
+            fs, path = storage.filesystem(url)
             fs.rm(path, recursive=True)
     record = {**record, "complete": True}
     update(run_dir, record)
@@ -141,9 +141,9 @@ def update(run_dir: str, record: dict) -> None:
 def _move(src: str, dst: str) -> None:
     """One committed step folder, committed at its destination before it stops being committed here: a local
     rename; elsewhere every file, the manifest last, then the source's manifest first."""
-    fs, src_path = datasets.filesystem(src)
-    _, dst_path = datasets.filesystem(dst)
-    manifest = f"{src_path}/{datasets.MANIFEST}"
+    fs, src_path = storage.filesystem(src)
+    _, dst_path = storage.filesystem(dst)
+    manifest = f"{src_path}/{contract.MANIFEST}"
     if not fs.exists(manifest):  # the source's manifest went first: the destination is complete
         fs.rm(src_path, recursive=True)
         return
@@ -157,7 +157,7 @@ def _move(src: str, dst: str) -> None:
     files = sorted(p for p in fs.find(src_path) if p != manifest)
     for path in files:
         fs.copy(path, dst_path + path[len(src_path):])
-    fs.copy(manifest, f"{dst_path}/{datasets.MANIFEST}")
+    fs.copy(manifest, f"{dst_path}/{contract.MANIFEST}")
     fs.rm(manifest)
     fs.rm(src_path, recursive=True)
 

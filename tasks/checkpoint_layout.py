@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import re
 
-from tasks import datasets
+from tasks import contract, storage
 
 CHECKPOINTS_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
 def checkpoints_url(run_dir_url: str) -> str:
-    return datasets.join(datasets.normalize_url(run_dir_url), CHECKPOINTS_DIR)
+    return storage.join(storage.normalize_url(run_dir_url), CHECKPOINTS_DIR)
 
 
 def step_url(run_dir_url: str, step: int) -> str:
-    return datasets.join(checkpoints_url(run_dir_url), f"step-{step:08d}")
+    return storage.join(checkpoints_url(run_dir_url), f"step-{step:08d}")
 
 
 def relative_step(step: int) -> str:
@@ -29,10 +29,10 @@ def relative_step(step: int) -> str:
 
 def run_dir_of(step_url: str) -> str:
     """``<run>/checkpoints/step-NNNNNNNN`` → ``<run>``."""
-    url = datasets.normalize_url(step_url).rstrip("/")
+    url = storage.normalize_url(step_url).rstrip("/")
     parent, _, name = url.rpartition("/")
     if not _STEP_DIR.match(name) or not parent.endswith(f"/{CHECKPOINTS_DIR}"):
-        raise datasets.DatasetError(f"{step_url} is not a checkpoint folder (<run>/{CHECKPOINTS_DIR}/step-NNNNNNNN)")
+        raise contract.DatasetError(f"{step_url} is not a checkpoint folder (<run>/{CHECKPOINTS_DIR}/step-NNNNNNNN)")
     return parent.rpartition("/")[0]
 
 
@@ -40,7 +40,7 @@ def step_of(step_url: str) -> int | None:
     """The step a ``<run>/checkpoints/step-NNNNNNNN`` URL names, or None for any other URL."""
     try:
         run_dir_of(step_url)
-    except datasets.DatasetError:
+    except contract.DatasetError:
         return None
     return int(step_url.rstrip("/").rpartition("-")[2])
 
@@ -48,12 +48,12 @@ def step_of(step_url: str) -> int | None:
 def step_dirs(run_dir_url: str) -> dict[int, str]:
     """``step -> url`` of every ``step-NNNNNNNN`` folder, committed or not."""
     root = checkpoints_url(run_dir_url)
-    fs, path = datasets.filesystem(root)
+    fs, path = storage.filesystem(root)
     if not fs.exists(path):
         return {}
     out = {}
     for entry in fs.ls(path, detail=False):
         match = _STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
         if match:
-            out[int(match.group(1))] = datasets.join(root, match.group(0))
+            out[int(match.group(1))] = storage.join(root, match.group(0))
     return dict(sorted(out.items()))

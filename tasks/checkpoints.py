@@ -1,7 +1,7 @@
 """Reading checkpoints: the one reader every stage shares (train's resume, export, eval, the flows).
 
 Layout: ``<run_dir>/checkpoints/step-NNNNNNNN/`` holds DCP's files (``__<rank>_<n>.distcp`` and
-``.metadata``) and smelt's ``manifest.json`` (tasks.datasets contract, kind ``checkpoint``),
+``.metadata``) and smelt's ``manifest.json`` (tasks.contract, kind ``checkpoint``),
 written last once every rank's files are on storage (``tasks/train/checkpoint.py`` writes them). A
 checkpoint is *committed* iff its manifest exists and *good* iff every file it lists has the
 recorded size and checksum. LATEST is the newest good checkpoint, found by verifying, never read
@@ -31,7 +31,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from tasks import branches, datasets
+from tasks import branches, contract, storage
+from tasks.checksums import file_checksum
+from tasks.objectstore import remote_options
 from tasks.checkpoint_layout import (  # noqa: F401 - the layout is read through this module too
     CHECKPOINTS_DIR, checkpoints_url, relative_step, run_dir_of, step_dirs, step_of, step_url)
 from tasks.lease import EPOCH_KEY, commit_superseded
@@ -48,10 +50,10 @@ DCP_METADATA = ".metadata"
 
 def storage_reader(url: str) -> dcp.StorageReader:
     """A DCP reader for ``url`` that reads ``.metadata`` with the restricted unpickler below."""
-    url = datasets.normalize_url(url)
+    url = storage.normalize_url(url)
     if url.startswith("file://"):
-        return _FileSystemReader(datasets.filesystem(url)[1])
-    return _FsspecReader(url, **datasets.remote_options(url))
+        return _FileSystemReader(storage.filesystem(url)[1])
+    return _FsspecReader(url, **remote_options(url))
 
 
 # --------------------------------------------------------------------------------------------
@@ -63,7 +65,7 @@ def storage_reader(url: str) -> dcp.StorageReader:
 #   torch.save / torch.load(weights_only=False) them; our planners store them as tagged JSON instead.
 
 
-class UnsafeCheckpointError(datasets.DatasetError):
+class UnsafeCheckpointError(contract.DatasetError):
     """A checkpoint file holds something smelt will not deserialize (a pickle payload, or a foreign format)."""
 
 
@@ -203,11 +205,11 @@ def load_state(state_dict: dict, url: str, *, process_group=None, no_dist: bool 
         raise
 
 
-def named_checkpoint(run_manifest: datasets.Manifest) -> str:
+def named_checkpoint(run_manifest: contract.Manifest) -> str:
     """The checkpoint a finished run's manifest names, resolved against where the run folder is now
     (runs finished before paths were relative recorded an absolute URL: used as is)."""
     ref = run_manifest.meta["checkpoint"]
-    return datasets.normalize_url(ref) if "://" in ref else datasets.join(run_manifest.meta["url"], ref)
+    return storage.normalize_url(ref) if "://" in ref else storage.join(run_manifest.meta["url"], ref)
 
 
 def resolve(url: str) -> str:
@@ -216,8 +218,8 @@ def resolve(url: str) -> str:
     Raises DatasetError when the named checkpoint fails verification: a truncated or altered final
     checkpoint is never handed on as the run's result.
     """
-    url = datasets.normalize_url(url)
-    manifest = datasets.read_manifest(url)
+    url = storage.normalize_url(url)
+    manifest = contract.read_manifest(url)
     if manifest is not None and manifest.kind == KIND:
         step = url
     elif manifest is not None and "checkpoint" in manifest.meta:
@@ -225,22 +227,22 @@ def resolve(url: str) -> str:
     else:
         committed = list_committed(url)
         if not committed:
-            raise datasets.DatasetError(f"{url} is neither a committed checkpoint nor a run directory with one; "
+            raise contract.DatasetError(f"{url} is neither a committed checkpoint nor a run directory with one; "
                                         "pass a step-NNNNNNNN URL or the run directory")
         return committed[-1]["url"]  # list_committed verified it
     problems = verify_checkpoint(step)
     if problems:
-        raise datasets.DatasetError(f"checkpoint {step} fails verification: {'; '.join(problems)}")
+        raise contract.DatasetError(f"checkpoint {step} fails verification: {'; '.join(problems)}")
     return step
 
 
-def finished_run(run_dir_url: str) -> datasets.Manifest | None:
+def finished_run(run_dir_url: str) -> contract.Manifest | None:
     """The finished run's manifest if the checkpoint it names verifies; None if the run must (re)train.
 
     A finished run whose final checkpoint was truncated or altered is logged and reported unfinished:
     relaunching it resumes from the newest good checkpoint and writes the final one again.
     """
-    manifest = datasets.read_manifest(run_dir_url)
+    manifest = contract.read_manifest(run_dir_url)
     if manifest is None or "checkpoint" not in manifest.meta:
         return manifest
     problems = verify_checkpoint(named_checkpoint(manifest))
@@ -252,7 +254,7 @@ def finished_run(run_dir_url: str) -> datasets.Manifest | None:
 
 
 def is_committed(url: str) -> bool:
-    fs, path = datasets.filesystem(datasets.join(url, datasets.MANIFEST))
+    fs, path = storage.filesystem(storage.join(url, contract.MANIFEST))
     return fs.exists(path)
 
 
@@ -265,13 +267,13 @@ def checkpoint_problems(url: str, part: int = 0, parts: int = 1, checksums: bool
 
     A commit that a later lease epoch superseded (a stale trainer's, tasks/lease.py) is a problem too,
     judged by part 0."""
-    url = datasets.normalize_url(url)
+    url = storage.normalize_url(url)
     try:
-        manifest = datasets.read_manifest(url)
+        manifest = contract.read_manifest(url)
     except (ValueError, TypeError, KeyError) as e:  # truncated or hand-edited manifest.json
-        return [f"{url}: unreadable {datasets.MANIFEST} ({e})"]
+        return [f"{url}: unreadable {contract.MANIFEST} ({e})"]
     if manifest is None:
-        return [f"{url}: no {datasets.MANIFEST} (the save did not commit)"]
+        return [f"{url}: no {contract.MANIFEST} (the save did not commit)"]
     if manifest.kind != KIND:
         return [f"{url}: manifest kind is {manifest.kind!r}, not {KIND!r}"]
     if DCP_METADATA not in {s.name for s in manifest.shards}:
@@ -282,12 +284,12 @@ def checkpoint_problems(url: str, part: int = 0, parts: int = 1, checksums: bool
         if (why := commit_superseded(run_dir_of(url), epoch, step)) is not None:
             problems.append(f"{url}: superseded ({why})")
     for shard in manifest.shards[part::parts]:
-        fs, path = datasets.filesystem(datasets.join(url, shard.name))
+        fs, path = storage.filesystem(storage.join(url, shard.name))
         if not fs.exists(path):
             problems.append(f"{url}/{shard.name}: missing")
         elif fs.size(path) != shard.bytes:
             problems.append(f"{url}/{shard.name}: {fs.size(path)} bytes, manifest says {shard.bytes}")
-        elif checksums and datasets.file_checksum(fs, path, shard.checksum) != shard.checksum:
+        elif checksums and file_checksum(fs, path, shard.checksum) != shard.checksum:
             problems.append(f"{url}/{shard.name}: checksum differs from the manifest")
     return problems
 
@@ -323,7 +325,7 @@ def list_committed(run_dir_url: str, *, checksums: bool = True) -> list[dict[str
         if problems:
             log.warning("checkpoint %s skipped: %s", url, "; ".join(problems))
             continue
-        manifest = datasets.read_manifest(url)
+        manifest = contract.read_manifest(url)
         out.append(_summary(step, url, manifest.meta, manifest.fingerprint))
     return out
 
@@ -346,20 +348,20 @@ def list_branches(run_dir_url: str, *, checksums: bool = True) -> list[dict[str,
 def model_entries(step_url: str) -> tuple[dict[str, Any], str, dict[str, TensorStorageMetadata]]:
     """A verified checkpoint's manifest meta, the prefix of its model keys, and the model tensors'
     metadata under the model's own FQNs (read from DCP's metadata file: no tensor is loaded)."""
-    step_url = datasets.normalize_url(step_url)
+    step_url = storage.normalize_url(step_url)
     problems = verify_checkpoint(step_url)
     if problems:
-        raise datasets.DatasetError(f"checkpoint {step_url} cannot be exported: {'; '.join(problems)}")
-    manifest = datasets.read_manifest(step_url)
+        raise contract.DatasetError(f"checkpoint {step_url} cannot be exported: {'; '.join(problems)}")
+    manifest = contract.read_manifest(step_url)
     prefix = manifest.meta.get("model_prefix")
     if not prefix:
-        raise datasets.DatasetError(f"checkpoint {step_url} does not record where the model weights are "
+        raise contract.DatasetError(f"checkpoint {step_url} does not record where the model weights are "
                                     "(meta 'model_prefix'); save it under app_state['model'] or pass meta model_prefix")
     entries = storage_reader(step_url).read_metadata().state_dict_metadata
     model = {key[len(prefix):]: md for key, md in entries.items()
              if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
     if not model:
-        raise datasets.DatasetError(f"checkpoint {step_url} holds no tensors under {prefix!r}")
+        raise contract.DatasetError(f"checkpoint {step_url} holds no tensors under {prefix!r}")
     return manifest.meta, prefix, model
 
 
@@ -370,5 +372,5 @@ def load_consolidated(step_url: str) -> tuple[dict[str, torch.Tensor], dict[str,
     """
     meta, prefix, entries = model_entries(step_url)
     weights = {prefix + key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in entries.items()}
-    load_state(weights, datasets.normalize_url(step_url))
+    load_state(weights, storage.normalize_url(step_url))
     return {key[len(prefix):]: tensor for key, tensor in weights.items()}, meta

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import fsspec
 
-from tasks.datasets import remote_options
+from tasks.objectstore import remote_options
 
 
 READ_CHUNK = 1 << 20

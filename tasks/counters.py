@@ -1,4 +1,4 @@
-"""The counter vocabulary of ``tasks.datasets.Stats`` put to work: a stage's steps merged, its funnel read.
+"""The counter vocabulary every stage counts in (``Stats``), a stage's steps merged, its funnel read.
 
 Every stage counts ``in``, ``out``, ``dropped.<reason>`` and ``failed.<reason>``; a stage made of
 steps (ingest's filters, dedup's phases) gives each step a ``Stats`` of its own in the same
@@ -10,11 +10,47 @@ lists what every step let through and why it dropped the rest.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from tasks.datasets import Manifest, Stats
+if TYPE_CHECKING:
+    from tasks.contract import Manifest
 
 FUNNEL = "funnel."
 REASONS = ("dropped.", "failed.")
+
+
+class Stats(dict):
+    """Named counters (``str -> int | float``). ``a + b`` adds counters key by key.
+
+    One vocabulary for every stage, so summaries and artifacts need no per-stage cases:
+    ``in`` (records the stage read), ``out`` (records it wrote), ``dropped.<reason>`` (removed on
+    purpose), ``failed.<reason>`` (lost to an error); reason names are API (``gopher_short_doc``).
+    A stage made of steps keeps each step's counters, in the same vocabulary, under
+    ``funnel.<step>.`` (``funnel.lang.in``, ``funnel.lang.dropped.lang_not_kept``) and sums the
+    drops and failures at the top; ``merge_steps`` and ``funnel`` below merge and display them. Anything else is
+    a namespaced measurement (``tokens.train``, ``time.shard_s``).
+    """
+
+    def add(self, key: str, value: int | float = 1) -> None:
+        self[key] = self.get(key, 0) + value
+
+    def __add__(self, other: Mapping[str, int | float] | int) -> "Stats":
+        out = Stats(self)
+        if isinstance(other, int) and other == 0:  # sum() starts from 0
+            return out
+        for key, value in other.items():
+            out.add(key, value)
+        return out
+
+    __radd__ = __add__
+
+    def __iadd__(self, other: Mapping[str, int | float]) -> "Stats":
+        for key, value in other.items():
+            self.add(key, value)
+        return self
+
+    def with_prefix(self, prefix: str) -> dict[str, int | float]:
+        return {k[len(prefix):]: v for k, v in sorted(self.items()) if k.startswith(prefix)}
 
 
 def merge_steps(step_stats: Mapping[str, Mapping[str, int | float]]) -> Stats:
@@ -45,10 +81,10 @@ def funnel(source: Manifest | Mapping[str, int | float], steps: list[str] | None
     ``source`` is a manifest (its ``meta.steps`` gives the order) or merged stats (the order their
     counters appear in, unless ``steps`` is given).
     """
-    if isinstance(source, Manifest):
-        stats, steps = source.stats, steps or source.meta.get("steps")
-    else:
+    if isinstance(source, Mapping):
         stats = source
+    else:
+        stats, steps = source.stats, steps or source.meta.get("steps")
     rows = [("in", int(stats.get("in", 0)))]
     for step in steps or funnel_steps(stats):
         prefix = f"{FUNNEL}{step}."

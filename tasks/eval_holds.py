@@ -15,25 +15,25 @@ from __future__ import annotations
 import json
 import time
 
-from tasks import datasets
+from tasks import storage
 
 HOLDS_DIR = "eval_holds"
 
 
 def _url(run_dir: str, step: int) -> str:
-    return datasets.join(datasets.normalize_url(run_dir), HOLDS_DIR, f"step-{step:08d}.json")
+    return storage.join(storage.normalize_url(run_dir), HOLDS_DIR, f"step-{step:08d}.json")
 
 
 def hold(run_dir: str, step: int, minutes: float, *, now: float | None = None) -> None:
     """Keep ``step`` from retention for ``minutes`` or until ``release``."""
     now = time.time() if now is None else now
-    with datasets.atomic_write(_url(run_dir, step), "w") as f:
+    with storage.atomic_write(_url(run_dir, step), "w") as f:
         f.write(json.dumps({"step": step, "since": now, "until": now + minutes * 60}))
 
 
 def release(run_dir: str, step: int) -> None:
     """The eval of ``step`` has finished (or found it gone): retention may delete it."""
-    fs, path = datasets.filesystem(_url(run_dir, step))
+    fs, path = storage.filesystem(_url(run_dir, step))
     if fs.exists(path):
         fs.rm(path)
 
@@ -41,7 +41,7 @@ def release(run_dir: str, step: int) -> None:
 def held_steps(run_dir: str, *, now: float | None = None) -> set[int]:
     """Steps whose hold has not expired."""
     now = time.time() if now is None else now
-    fs, path = datasets.filesystem(datasets.join(datasets.normalize_url(run_dir), HOLDS_DIR))
+    fs, path = storage.filesystem(storage.join(storage.normalize_url(run_dir), HOLDS_DIR))
     if not fs.exists(path):
         return set()
     held = set()

@@ -23,7 +23,7 @@ import uuid
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from tasks import datasets
+from tasks import storage
 
 ROLL_RECORDS = 200
 
@@ -42,7 +42,7 @@ def _line(record: dict) -> str:
 
 def append(dir_url: str, name: str, record: dict) -> None:
     """Add one record to the log ``name`` in ``dir_url``; safe from several processes."""
-    fs, path = datasets.filesystem(datasets.join(datasets.normalize_url(dir_url), name))
+    fs, path = storage.filesystem(storage.join(storage.normalize_url(dir_url), name))
     if _appendable(fs):
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         with fs.open(path, "a") as f:
@@ -55,7 +55,7 @@ class Segment:
     """One writer's stream of records into the log ``name`` in ``dir_url`` (see the module docstring)."""
 
     def __init__(self, dir_url: str, name: str, roll_records: int = ROLL_RECORDS) -> None:
-        self.fs, self.path = datasets.filesystem(datasets.join(datasets.normalize_url(dir_url), name))
+        self.fs, self.path = storage.filesystem(storage.join(storage.normalize_url(dir_url), name))
         self.roll_records = roll_records
         self._file = None
         self._lines: list[str] = []
@@ -82,7 +82,7 @@ class Segment:
 
 def read(dir_url: str, name: str) -> list[dict]:
     """Every record of the log ``name`` in ``dir_url``, in write order ([] if there is none)."""
-    fs, path = datasets.filesystem(datasets.join(datasets.normalize_url(dir_url), name))
+    fs, path = storage.filesystem(storage.join(storage.normalize_url(dir_url), name))
     blobs = [fs.cat_file(path)] if fs.exists(path) else []
     if fs.exists(path + ".d"):
         blobs += [fs.cat_file(p) for p in sorted(fs.find(path + ".d"))]

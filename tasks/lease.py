@@ -112,7 +112,8 @@ from typing import Any
 
 import fsspec
 
-from tasks import datasets
+from tasks import storage
+from tasks.objectstore import remote_options
 
 LEASE_DIR = "lease"
 EPOCH_KEY = "lease_epoch"  # the field a commit (manifest, record) carries its writer's epoch in
@@ -430,9 +431,9 @@ class _Overwritten(Exception):
 
 
 def _store(url: str) -> tuple[_Store, str]:
-    url = datasets.normalize_url(url)
+    url = storage.normalize_url(url)
     # Short timeouts: a renewal stuck for minutes would outlive the lease it renews.
-    fs, path = fsspec.core.url_to_fs(url, **datasets.remote_options(url, CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
+    fs, path = fsspec.core.url_to_fs(url, **remote_options(url, CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if protocol in ("file", "local"):
         return _LocalStore(path), url
@@ -718,7 +719,7 @@ def epoch_from_env() -> int | None:
 def put_if_absent(url: str, data: bytes) -> None:
     """Create the object at ``url`` only if nothing is there (local disk, S3, memory); raise
     ``FileExistsError`` otherwise. Writing the same bytes again counts as done (a retried commit)."""
-    url = datasets.normalize_url(url)
+    url = storage.normalize_url(url)
     parent, name = url.rsplit("/", 1)
     store, _ = _store(parent)
     if store.create(name, data) is None and store.read(name) != data:
@@ -733,7 +734,7 @@ def write_fenced(run_dir: str, epoch: int, url: str, data: bytes, exclusive: boo
     if exclusive:
         put_if_absent(url, data)
         return
-    with datasets.atomic_write(url) as f:
+    with storage.atomic_write(url) as f:
         f.write(data)
 
 

@@ -46,7 +46,7 @@ def configure() -> None:
 
 def remote_options(url: str, connect_s: float | None = None, read_s: float | None = None) -> dict[str, Any]:
     """fsspec storage options for ``url``: bounded connect and read timeouts, so a silent server is an error,
-    never a hang. Every fsspec client smelt opens takes its options here (datasets.filesystem, readers, DCP).
+    never a hang. Every fsspec client smelt opens takes its options here (storage.filesystem, readers, DCP).
 
     For S3 the defaults are fsspec's config (``S3_DEFAULTS``, or the user's); a caller's own timeouts replace
     only those two keys. fsspec replaces a config key passed as an argument whole, so an argument

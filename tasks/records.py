@@ -14,7 +14,8 @@ from typing import Any
 import fsspec
 
 from tasks.compression import GAP, MEMBER_END, UNVERIFIED_HOLD_CHARS, decompressed_chunks, is_compressed
-from tasks.datasets import Stats, remote_options
+from tasks.counters import Stats
+from tasks.objectstore import remote_options
 
 log = logging.getLogger(__name__)
 TOO_LONG = object()  # from ``_bounded_lines``: a line past the limit, skipped unread

@@ -21,7 +21,7 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-from tasks import datasets
+from tasks import storage
 
 ROLL_RECORDS = 200
 
@@ -45,7 +45,7 @@ class EventWriter:
     """Scalars into one TensorBoard run folder ``dir_url``; ``flush()`` makes what was written durable."""
 
     def __init__(self, dir_url: str, roll_records: int = ROLL_RECORDS, name: str | None = None) -> None:
-        self.fs, self.dir = datasets.filesystem(datasets.normalize_url(dir_url))
+        self.fs, self.dir = storage.filesystem(storage.normalize_url(dir_url))
         self.roll_records, self.fixed_name = roll_records, name
         self.appendable = isinstance(self.fs, (LocalFileSystem, MemoryFileSystem))
         self._pending: list[bytes] = []

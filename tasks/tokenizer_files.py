@@ -13,42 +13,43 @@ import json
 
 from tokenizers import Tokenizer, processors
 
-from tasks import datasets
+from tasks import contract, storage
+from tasks.checksums import bytes_checksum
 
 TOKENIZER_FILE = "tokenizer.json"
 
 
 def tokenizer_json_url(url: str) -> str:
     """The ``tokenizer.json`` URL for a tokenizer or tokens dataset URL, or a ``.json`` URL itself."""
-    url = datasets.normalize_url(url)
+    url = storage.normalize_url(url)
     if url.endswith(".json"):
         return url
-    manifest = datasets.open_dataset(url)
+    manifest = contract.open_dataset(url)
     if manifest.kind not in ("tokenizer", "tokens"):
-        raise datasets.DatasetError(f"dataset at {url} holds {manifest.kind!r}, not a tokenizer or tokens dataset")
-    return datasets.join(url, TOKENIZER_FILE)
+        raise contract.DatasetError(f"dataset at {url} holds {manifest.kind!r}, not a tokenizer or tokens dataset")
+    return storage.join(url, TOKENIZER_FILE)
 
 
 def load_tokenizer(url: str) -> Tokenizer:
     """The tokenizer at a tokenizer (or tokens) dataset URL or at any ``tokenizer.json`` URL."""
     json_url = tokenizer_json_url(url)
-    fs, path = datasets.filesystem(json_url)
+    fs, path = storage.filesystem(json_url)
     if not fs.exists(path):
-        raise datasets.DatasetError(
+        raise contract.DatasetError(
             f"no tokenizer at {json_url}; train one (`smelt tokenizer train`) or pass a tokenizer.json URL"
         )
     blob = fs.cat_file(path)
-    if json_url != datasets.normalize_url(url):  # inside a dataset: verified like any shard
-        manifest = datasets.open_dataset(url)
+    if json_url != storage.normalize_url(url):  # inside a dataset: verified like any shard
+        manifest = contract.open_dataset(url)
         listed = {s.name: s.checksum for s in manifest.shards}.get(TOKENIZER_FILE)
         expected = listed or manifest.meta.get("tokenizer_checksum")
-        if expected and datasets.bytes_checksum(blob, expected) != expected:
-            raise datasets.DatasetError(f"{json_url} does not match the checksum its dataset records: "
+        if expected and bytes_checksum(blob, expected) != expected:
+            raise contract.DatasetError(f"{json_url} does not match the checksum its dataset records: "
                                         "the dataset is corrupt; re-run the stage that wrote it")
     try:
         tokenizer = Tokenizer.from_str(blob.decode("utf-8"))
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
-        raise datasets.DatasetError(f"{json_url} is not a valid tokenizer.json: {e}") from e
+        raise contract.DatasetError(f"{json_url} is not a valid tokenizer.json: {e}") from e
     tokenizer.encode_special_tokens = True
     return tokenizer
 

@@ -1,4 +1,4 @@
-"""Token shards, the one reader and writer that tokenize, train and eval share (format in ``tasks/datasets.py``).
+"""Token shards, the one reader and writer that tokenize, train and eval share (format in ``tasks/contract.py``).
 
 ``<split>-NNNNN.bin`` is a flat little-endian ``uint16``/``uint32`` token array and
 ``<split>-NNNNN.idx`` the ``.npy`` int64 start offset of each document in it; EOS ends every
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from tasks import datasets
+from tasks import contract, storage, verified_reads
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
-def write_token_shard(dataset_url: str, stem: str, split: str, tokens: np.ndarray, starts: np.ndarray) -> list[datasets.ShardInfo]:
+def write_token_shard(dataset_url: str, stem: str, split: str, tokens: np.ndarray, starts: np.ndarray) -> list[contract.ShardInfo]:
     """Write ``<stem>.bin`` and ``<stem>.idx`` atomically; returns their infos (idx last)."""
     dtype = np.dtype(tokens.dtype).newbyteorder("<")
     extra = {"split": split, "tokens": int(len(tokens)), "docs": int(len(starts)), "dtype": dtype.name}
@@ -45,19 +45,19 @@ def write_token_shard(dataset_url: str, stem: str, split: str, tokens: np.ndarra
         return 0
 
     return [
-        datasets.write_shard(dataset_url, f"{stem}.bin", write_tokens, **extra),
-        datasets.write_shard(dataset_url, f"{stem}.idx", write_index, **extra),
+        contract.write_shard(dataset_url, f"{stem}.bin", write_tokens, **extra),
+        contract.write_shard(dataset_url, f"{stem}.idx", write_index, **extra),
     ]
 
 
-def read_token_shard(manifest: datasets.Manifest, bin_name: str) -> tuple[np.ndarray, np.ndarray]:
+def read_token_shard(manifest: contract.Manifest, bin_name: str) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, starts) of one ``.bin`` shard and its index, read whole and verified."""
-    tokens = np.frombuffer(datasets.read_shard(manifest, bin_name), dtype=np.dtype(manifest.meta["dtype"]).newbyteorder("<"))
-    starts = np.load(io.BytesIO(datasets.read_shard(manifest, bin_name[: -len(".bin")] + ".idx")))
+    tokens = np.frombuffer(verified_reads.read_shard(manifest, bin_name), dtype=np.dtype(manifest.meta["dtype"]).newbyteorder("<"))
+    starts = np.load(io.BytesIO(verified_reads.read_shard(manifest, bin_name[: -len(".bin")] + ".idx")))
     return tokens, starts
 
 
-def iter_token_documents(manifest: datasets.Manifest, split: str) -> Iterator[np.ndarray]:
+def iter_token_documents(manifest: contract.Manifest, split: str) -> Iterator[np.ndarray]:
     """Each document's tokens (ending in EOS) of one split, in shard order."""
     for shard in manifest.shards:
         if shard.name.endswith(".bin") and shard.extra.get("split") == split:
@@ -65,13 +65,13 @@ def iter_token_documents(manifest: datasets.Manifest, split: str) -> Iterator[np
             yield from np.split(tokens, starts[1:])
 
 
-def _fetch(manifest: datasets.Manifest, shard: datasets.ShardInfo, local: str) -> None:
+def _fetch(manifest: contract.Manifest, shard: contract.ShardInfo, local: str) -> None:
     """Copy a remote shard to ``local``, hashing it on the way (one pass), through a unique temporary
     name and an atomic rename, so ranks sharing a node may race safely."""
     os.makedirs(os.path.dirname(local), exist_ok=True)
     tmp = f"{local}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        with datasets.open_shard(manifest, shard) as src, open(tmp, "wb") as dst:
+        with verified_reads.open_shard(manifest, shard) as src, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst, 4 << 20)
         os.replace(tmp, local)
     finally:
@@ -80,24 +80,24 @@ def _fetch(manifest: datasets.Manifest, shard: datasets.ShardInfo, local: str) -
     log.info("cached %s (%d bytes) at %s", shard.name, shard.bytes, local)
 
 
-def local_token_shard(manifest: datasets.Manifest, shard: datasets.ShardInfo, cache_dir: str | None) -> str:
+def local_token_shard(manifest: contract.Manifest, shard: contract.ShardInfo, cache_dir: str | None) -> str:
     """A local path holding the shard's verified bytes, ready to memory-map: the file itself, or a copy
     in the cache (``<cache_dir>/<fingerprint>/``).
 
     Local files and cached copies are hashed once here (a sequential pass, about 17 GB/s with
     xxh3); a cached copy that fails is fetched again, a dataset file that fails is an error.
     """
-    fs, path = datasets.filesystem(datasets.shard_url(manifest, shard))
+    fs, path = storage.filesystem(contract.shard_url(manifest, shard))
     if isinstance(fs, LocalFileSystem):
-        datasets.verify_local_file(path, shard, manifest.meta["url"])
+        verified_reads.verify_local_file(path, shard, manifest.meta["url"])
         return path
     root = cache_dir or os.environ.get("SMELT_CACHE_DIR") or os.path.expanduser("~/.cache/smelt/tokens")
     local = os.path.join(root, manifest.fingerprint, shard.name)
     if os.path.exists(local):
         try:
-            datasets.verify_local_file(local, shard, manifest.meta["url"])
+            verified_reads.verify_local_file(local, shard, manifest.meta["url"])
             return local
-        except datasets.DatasetError as e:
+        except contract.DatasetError as e:
             log.warning("cached copy %s is bad (%s); fetching it again", local, e)
             os.remove(local)
     _fetch(manifest, shard, local)
@@ -116,7 +116,7 @@ def lineage_name(bin_name: str) -> str:
     return bin_name[: -len(".bin")] + ".docs.parquet"
 
 
-def stream_shards(manifest: datasets.Manifest, split: str) -> list[datasets.ShardInfo]:
+def stream_shards(manifest: contract.Manifest, split: str) -> list[contract.ShardInfo]:
     """The ``.bin`` shards whose concatenation is a split's stream, in order (train's loader, smelt trace)."""
     return [s for s in manifest.shards
             if s.extra.get("split") == split and s.name.endswith(".bin") and int(s.extra.get("tokens", s.rows))]
@@ -130,7 +130,7 @@ class TokenStream:
     """
 
     def __init__(self, url: str, split: str, seq_len: int, cache_dir: str | None) -> None:
-        manifest = datasets.open_dataset(url, kind="tokens")
+        manifest = contract.open_dataset(url, kind="tokens")
         self.fingerprint = manifest.fingerprint
         self.meta = manifest.meta
         self.dtype = np.dtype(manifest.meta["dtype"]).newbyteorder("<")

@@ -104,7 +104,7 @@ def test_every_file_design_section_and_test_a_comment_or_docstring_cites_exists(
 def test_the_citation_checks_catch_a_missing_section_file_folder_markdown_and_test():
     """The checks above can fail: each kind of wrong citation, in prose as a comment would hold it."""
     prose = ("see DESIGN.md §9 and docs/design.md §99; tasks/nowhere.py, flows/gone/ and STYLE.md say so; "
-             "`tests/test_docs.py::test_that_was_renamed`. docs/design.md §1, tasks/datasets.py and tasks/ are fine.")
+             "`tests/test_docs.py::test_that_was_renamed`. docs/design.md §1, tasks/contract.py and tasks/ are fine.")
     assert _wrong_citations(prose, _markdown_names()) == ["tasks/nowhere.py", "flows/gone/", "DESIGN.md §9",
                                                           "design.md §99", "DESIGN.md", "STYLE.md"]
     assert _missing_tests(prose) == ["tests/test_docs.py::test_that_was_renamed"]

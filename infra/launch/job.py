@@ -44,7 +44,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from tasks.datasets import normalize_url  # fsspec: `smelt`'s startup reads JOB_DEFAULTS without it
+        from tasks.storage import normalize_url  # fsspec: `smelt`'s startup reads JOB_DEFAULTS without it
 
         self.run_dir = normalize_url(self.run_dir)
         if self.nodes < 1 or self.procs_per_node < 1:

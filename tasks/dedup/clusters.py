@@ -12,8 +12,9 @@ import functools
 
 import numpy as np
 
-from tasks import datasets
-from tasks.datasets import ShardResult, Stats
+from tasks import contract
+from tasks.contract import ShardResult
+from tasks.counters import Stats
 from tasks.dedup.components import choose_survivors, connected_components, size_bin
 from tasks.dedup.plan import DROP, EDGE, EXACT, NEAR, DedupPlan, read_documents, write_npy, write_parquet
 from tasks.dedup.store import read_npy
@@ -119,10 +120,10 @@ def cluster_all(plan: DedupPlan, _item: int = 0) -> ShardResult:
             for i, lo in enumerate(range(0, table.num_rows, cfg.clusters_per_shard)):
                 part = table.slice(lo, cfg.clusters_per_shard)
                 written.append(
-                    datasets.write_shard(
+                    contract.write_shard(
                         url, f"clusters/clusters-{i:05d}.parquet", functools.partial(write_parquet, part)
                     )
                 )
         return ShardResult(written, stats)
 
-    return datasets.run_shard(url, "clusters", work)
+    return contract.run_shard(url, "clusters", work)

@@ -16,8 +16,10 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from tasks import datasets
-from tasks.datasets import Manifest, Stats
+from tasks import contract, storage
+from tasks.contract import Manifest
+from tasks.counters import Stats
+from tasks.documents import DOCUMENT_COLUMNS, document_schema
 from tasks.records import read_json_lines, read_parquet_rows
 
 RAW_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".jsonl.bz2", ".jsonl.xz", ".parquet")
@@ -27,17 +29,17 @@ MAX_LINE_BYTES = 64 << 20  # a longer JSON line is skipped unread, counted dropp
 
 
 def _default_staging() -> str:
-    return datasets.normalize_url(tempfile.gettempdir()) + "/smelt-dedup-inputs"
+    return storage.normalize_url(tempfile.gettempdir()) + "/smelt-dedup-inputs"
 
 
 def _raw_files(url: str) -> list[str]:
-    fs, path = datasets.filesystem(url)
+    fs, path = storage.filesystem(url)
     paths = fs.glob(path) if any(c in path for c in "*?[") else [path]
     files = sorted(p for p in paths if fs.isfile(p))
     if not files:
-        raise datasets.DatasetError(f"no dataset or raw input file at {url}")
+        raise contract.DatasetError(f"no dataset or raw input file at {url}")
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return [datasets.normalize_url(f"{protocol}://{p}" if protocol != "file" else p) for p in files]
+    return [storage.normalize_url(f"{protocol}://{p}" if protocol != "file" else p) for p in files]
 
 
 def _float(value: Any) -> float:
@@ -67,7 +69,7 @@ def _records(url: str, stats: Stats) -> Iterator[dict[str, Any]]:
     """The records of a raw file, its faults counted as the ingest readers count them (``tasks/records.py``):
     a truncated or corrupt compressed file, a bad line, an unreadable Parquet file."""
     if url.endswith(".parquet"):
-        rows = read_parquet_rows(url, "text", tuple(datasets.DOCUMENT_COLUMNS), stats, prefix="dedup_input",
+        rows = read_parquet_rows(url, "text", tuple(DOCUMENT_COLUMNS), stats, prefix="dedup_input",
                                  batch_size=BATCH_ROWS)
     else:
         rows = read_json_lines(url, MAX_LINE_BYTES, stats, prefix="dedup_input", truncated="dedup_input_truncated_file")
@@ -84,18 +86,18 @@ def raw_to_documents(urls: list[str], staging_url: str | None = None) -> Manifes
 
     from tasks.dedup.plan import write_parquet
 
-    raw_fps = datasets.raw_input_fingerprints(urls)
-    fp = datasets.fingerprint("dedup-input", {"rows_per_shard": ROWS_PER_SHARD}, raw_fps, "2")  # 2: checked reads
-    out_url = datasets.join(staging_url or _default_staging(), fp)
-    existing = datasets.finished_dataset(out_url, fp)  # verified; a corrupt copy is converted again
+    raw_fps = contract.raw_input_fingerprints(urls)
+    fp = contract.fingerprint("dedup-input", {"rows_per_shard": ROWS_PER_SHARD}, raw_fps, "2")  # 2: checked reads
+    out_url = storage.join(staging_url or _default_staging(), fp)
+    existing = contract.finished_dataset(out_url, fp)  # verified; a corrupt copy is converted again
     if existing is not None:
         return existing
     stats, shards, rows = Stats(), [], []
 
     def flush() -> None:
-        table = pa.Table.from_pylist(rows, schema=datasets.document_schema())
+        table = pa.Table.from_pylist(rows, schema=document_schema())
         name = f"docs-{len(shards):05d}.parquet"
-        shards.append(datasets.write_shard(out_url, name, lambda f: write_parquet(table, f)))
+        shards.append(contract.write_shard(out_url, name, lambda f: write_parquet(table, f)))
         rows.clear()
 
     for url in urls:
@@ -110,7 +112,7 @@ def raw_to_documents(urls: list[str], staging_url: str | None = None) -> Manifes
         if rows:
             flush()
     stats.add("docs_out", sum(s.rows for s in shards))
-    return datasets.commit(out_url, "documents", fp, shards, stats, inputs=list(urls))
+    return contract.commit(out_url, "documents", fp, shards, stats, inputs=list(urls))
 
 
 def load_dedup_inputs(urls: list[str], staging_url: str | None = None) -> list[Manifest]:
@@ -118,12 +120,12 @@ def load_dedup_inputs(urls: list[str], staging_url: str | None = None) -> list[M
     (a file, or a glob such as ``data/*.jsonl.gz``) converted into one under ``staging_url``."""
     manifests, raw = [], []
     for url in urls:
-        if datasets.read_manifest(url) is not None:
-            manifests.append(datasets.open_dataset(url, kind="documents"))
+        if contract.read_manifest(url) is not None:
+            manifests.append(contract.open_dataset(url, kind="documents"))
         elif url.endswith(RAW_SUFFIXES) or any(c in url for c in "*?["):
             raw.extend(_raw_files(url))
         else:
-            raise datasets.DatasetError(
+            raise contract.DatasetError(
                 f"{url} is neither a smelt documents dataset (no manifest.json) nor a raw file "
                 f"ending in {', '.join(RAW_SUFFIXES)}"
             )

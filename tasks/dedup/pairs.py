@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks import datasets
-from tasks.datasets import ShardResult, Stats
+from tasks import contract
+from tasks.contract import ShardResult
+from tasks.counters import Stats
 from tasks.dedup.candidates import exact_edges, near_candidates
 from tasks.dedup.plan import EDGE, DedupPlan, write_npy
 from tasks.dedup.shuffle import RECORD, read_bucket
@@ -41,4 +42,4 @@ def pair_bucket(plan: DedupPlan, bucket: int) -> ShardResult:
         )
         return ShardResult([write_npy(url, f"edges-{bucket:05d}.npy", edges)], stats)
 
-    return datasets.run_shard(url, f"bucket-{bucket:05d}", work)
+    return contract.run_shard(url, f"bucket-{bucket:05d}", work)

@@ -15,8 +15,8 @@ from typing import IO
 
 import numpy as np
 
-from tasks import datasets
-from tasks.datasets import Manifest, ShardInfo
+from tasks import contract, storage, verified_reads
+from tasks.contract import Manifest, ShardInfo
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.lsh import choose_bands
 from tasks.dedup.store import write_npy_to
@@ -42,10 +42,10 @@ class DedupPlan:
 
     @property
     def work_root(self) -> str:
-        return datasets.join(self.output_url, "_work")
+        return storage.join(self.output_url, "_work")
 
     def work(self, phase: str, name: str = "") -> str:
-        return datasets.join(self.work_root, phase, name) if name else datasets.join(self.work_root, phase)
+        return storage.join(self.work_root, phase, name) if name else storage.join(self.work_root, phase)
 
     def store(self) -> SignatureStore:
         n = len(self.shard_urls)
@@ -72,8 +72,8 @@ def make_plan(inputs: Sequence[Manifest], output_url: str, cfg: DedupConfig) -> 
     total_records = sum(s.rows for _, s in shards) * (bands + 1)
     num_buckets = cfg.num_buckets or max(1, math.ceil(total_records / cfg.records_per_bucket))
     return DedupPlan(
-        output_url=datasets.normalize_url(output_url),
-        shard_urls=tuple(datasets.shard_url(m, s) for m, s in shards),
+        output_url=storage.normalize_url(output_url),
+        shard_urls=tuple(contract.shard_url(m, s) for m, s in shards),
         shard_infos=tuple(s for _, s in shards),
         cfg=cfg,
         bands=bands,
@@ -85,13 +85,13 @@ def make_plan(inputs: Sequence[Manifest], output_url: str, cfg: DedupConfig) -> 
 def document_batches(plan: DedupPlan, shard: int, columns: list[str] | None, batch_rows: int) -> Iterator:
     """The input shard's rows as pyarrow record batches of at most ``batch_rows``, in order
     (the shard verified against its manifest first)."""
-    parquet = datasets.open_parquet(plan.shard_urls[shard], plan.shard_infos[shard])
+    parquet = verified_reads.open_parquet(plan.shard_urls[shard], plan.shard_infos[shard])
     yield from parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False)  # one core per work item
 
 
 def read_documents(plan: DedupPlan, shard: int, columns: list[str]):
     """The given columns of one verified input shard as a table (small columns only: ids, scores)."""
-    return datasets.open_parquet(plan.shard_urls[shard], plan.shard_infos[shard]).read(columns=columns)
+    return verified_reads.open_parquet(plan.shard_urls[shard], plan.shard_infos[shard]).read(columns=columns)
 
 
 def write_npy(dataset_url: str, name: str, array: np.ndarray) -> ShardInfo:
@@ -99,7 +99,7 @@ def write_npy(dataset_url: str, name: str, array: np.ndarray) -> ShardInfo:
         write_npy_to(f, array)
         return len(array)
 
-    return datasets.write_shard(dataset_url, name, write)
+    return contract.write_shard(dataset_url, name, write)
 
 
 def write_parquet(table, f: IO[bytes]) -> int:

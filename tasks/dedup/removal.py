@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks import datasets
-from tasks.datasets import ShardResult, Stats
+from tasks import contract, storage
+from tasks.contract import ShardResult
+from tasks.counters import Stats
+from tasks.documents import DOCUMENT_COLUMNS, document_schema
 from tasks.dedup.plan import REASONS, DedupPlan, document_batches
 from tasks.dedup.store import read_npy
 
@@ -27,11 +29,11 @@ def filter_shard(plan: DedupPlan, shard: int) -> ShardResult:
     import pyarrow.parquet as pq
 
     url = plan.output_url
-    schema = datasets.document_schema()
-    columns = list(datasets.DOCUMENT_COLUMNS)
+    schema = document_schema()
+    columns = list(DOCUMENT_COLUMNS)
 
     def work() -> ShardResult:
-        drops = read_npy(datasets.join(url, f"_work/clusters/drops-{shard:05d}.npy"))
+        drops = read_npy(storage.join(url, f"_work/clusters/drops-{shard:05d}.npy"))
         seen = 0
 
         def write(f) -> int:
@@ -54,7 +56,7 @@ def filter_shard(plan: DedupPlan, shard: int) -> ShardResult:
                 for batch in document_batches(plan, shard, None, READ_ROWS):
                     missing = [c for c in columns if c not in batch.schema.names]
                     if missing:
-                        raise datasets.DatasetError(
+                        raise contract.DatasetError(
                             f"{plan.shard_urls[shard]} lacks document columns {missing}; is it a smelt documents shard?"
                         )
                     keep = np.ones(batch.num_rows, dtype=bool)
@@ -70,10 +72,10 @@ def filter_shard(plan: DedupPlan, shard: int) -> ShardResult:
                 flush()
             return kept
 
-        info = datasets.write_shard(url, f"docs-{shard:05d}.parquet", write)
+        info = contract.write_shard(url, f"docs-{shard:05d}.parquet", write)
         stats = Stats({"in": seen, "out": info.rows})
         for code, reason in REASONS.items():
             stats.add(f"dropped.{reason}", int((drops["reason"] == code).sum()))
         return ShardResult([info], stats)
 
-    return datasets.run_shard(url, f"docs-{shard:05d}", work)
+    return contract.run_shard(url, f"docs-{shard:05d}", work)

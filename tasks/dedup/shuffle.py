@@ -16,7 +16,7 @@ from typing import IO
 
 import numpy as np
 
-from tasks.datasets import filesystem
+from tasks.storage import filesystem
 
 MAGIC = b"SMELTSHF"
 _HEADER = len(MAGIC) + 8

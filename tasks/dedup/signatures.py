@@ -15,8 +15,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from tasks import datasets
-from tasks.datasets import ShardResult, Stats
+from tasks import contract
+from tasks.contract import ShardResult
+from tasks.counters import Stats
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.exact import exact_keys
 from tasks.dedup.lsh import band_keys
@@ -98,7 +99,7 @@ def sign_shard(plan: DedupPlan, shard: int) -> ShardResult:
         records = shuffle_records(shard, hashed, plan.bands, plan.rows)
         written = [
             write_npy(url, f"sigs-{shard:05d}.npy", hashed.signatures),
-            datasets.write_shard(
+            contract.write_shard(
                 url, f"records-{shard:05d}.shf", lambda f: write_partitioned(f, records, plan.num_buckets)
             ),
         ]
@@ -111,4 +112,4 @@ def sign_shard(plan: DedupPlan, shard: int) -> ShardResult:
         })
         return ShardResult(written, stats)
 
-    return datasets.run_shard(url, f"shard-{shard:05d}", work)
+    return contract.run_shard(url, f"shard-{shard:05d}", work)

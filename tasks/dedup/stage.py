@@ -1,7 +1,7 @@
 """The dedup stage: exact and near-duplicate removal over documents datasets (docs/design.md §3).
 
 Wiring only: four phases, each a map over work items with ``map_fn`` and each a module of its own;
-every item is idempotent through ``datasets.run_shard`` (files written atomically, marker last),
+every item is idempotent through ``contract.run_shard`` (files written atomically, marker last),
 so a killed worker's item is redone byte-identically.
 
 1. ``signatures`` (one item per input shard) — signatures.py
@@ -25,8 +25,9 @@ import dataclasses
 import functools
 import logging
 
-from tasks import datasets
-from tasks.datasets import Manifest, Stats
+from tasks import contract, storage
+from tasks.contract import Manifest
+from tasks.counters import Stats
 from tasks.dedup.clusters import cluster_all
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.lsh import candidate_probability
@@ -62,13 +63,13 @@ def run_dedup(
     filtered = map_fn(functools.partial(filter_shard, plan), list(range(n_shards)), label="dedup-filter")
 
     stats = sum((r.stats for r in [*signed, *paired, clustered, *filtered]), Stats())
-    clusters_url = datasets.join(plan.output_url, "clusters")
+    clusters_url = storage.join(plan.output_url, "clusters")
     cluster_shards = [
         dataclasses.replace(s, name=s.name.removeprefix("clusters/"))
         for s in clustered.shards
         if s.name.startswith("clusters/")
     ]
-    datasets.commit(
+    contract.commit(
         clusters_url, "clusters", fingerprint, cluster_shards, clustered.stats, inputs=list(inputs), config=cfg
     )
     meta = {
@@ -79,11 +80,11 @@ def run_dedup(
         "clusters_url": clusters_url,
     }
     shards = [s for r in filtered for s in r.shards]
-    manifest = datasets.commit(
+    manifest = contract.commit(
         plan.output_url, "documents", fingerprint, shards, stats, inputs=list(inputs), config=cfg, meta=meta
     )
     if not cfg.keep_work:
-        fs, path = datasets.filesystem(plan.work_root)
+        fs, path = storage.filesystem(plan.work_root)
         if fs.exists(path):
             fs.rm(path, recursive=True)
     log.info("dedup: %d → %d documents (%d exact, %d near duplicates removed)", stats.get("in", 0),

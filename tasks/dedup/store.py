@@ -17,7 +17,7 @@ import io
 
 import numpy as np
 
-from tasks.datasets import filesystem
+from tasks.storage import filesystem
 
 
 def write_npy_to(f, array: np.ndarray) -> None:

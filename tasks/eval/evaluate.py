@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.checkpoints import load_consolidated, resolve, run_dir_of, step_of, verify_checkpoint
 from tasks.eval.baselines import COMPRESSORS, compressed_bits_per_byte
 from tasks.eval.config import EvalConfig
@@ -85,11 +85,11 @@ def probe(model: Transformer, tokenizer, prompts: list[str], new_tokens: int) ->
 def checkpoint_identity(step_url: str) -> dict | None:
     """What makes a checkpoint itself: its run folder, step, manifest fingerprint and every file's
     recorded size and checksum. None if it is no longer committed (retention removed it)."""
-    step_url = datasets.normalize_url(step_url)
+    step_url = storage.normalize_url(step_url)
     if verify_checkpoint(step_url, checksums=False):
         return None
-    manifest = datasets.read_manifest(step_url)
-    files = datasets.canonical_json([dataclasses.asdict(s) for s in manifest.shards])
+    manifest = contract.read_manifest(step_url)
+    files = contract.canonical_json([dataclasses.asdict(s) for s in manifest.shards])
     return {
         "run": run_dir_of(step_url),
         "step": manifest.meta["step"] if "step" in manifest.meta else step_of(step_url),
@@ -155,7 +155,7 @@ def _evaluate(checkpoint_url: str, data: dict[str, str] | None, cfg: EvalConfig)
     seq_len = cfg.seq_len or meta["seq_len"]
     tokenizer = load_tokenizer(next(iter(data.values())))
     splits = {name: score_split(model, url, tokenizer, seq_len, cfg) for name, url in data.items()}
-    train_cfg = (datasets.read_manifest(step_url).lineage.get("config") or {})
+    train_cfg = (contract.read_manifest(step_url).lineage.get("config") or {})
     weights = split_weights(list(splits), (train_cfg.get("data") or {}).get("mixture") or {})
     for name, result in splits.items():
         result["weight"] = weights[name]

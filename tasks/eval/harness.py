@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.eval.config import HarnessConfig
 from tasks.tokens import TokenStream
 
@@ -119,17 +119,17 @@ def score_with_harness(export_url: str, tokens_url: str, cfg: HarnessConfig, out
     from tasks.tokenizer_files import load_tokenizer
 
     start = time.perf_counter()
-    export = datasets.open_dataset(export_url, kind="model")
+    export = contract.open_dataset(export_url, kind="model")
     if not export.meta["url"].startswith("file://"):
-        raise datasets.DatasetError(f"the harness loads the export {export.meta['url']} with transformers from "
+        raise contract.DatasetError(f"the harness loads the export {export.meta['url']} with transformers from "
                                     "local disk; export the checkpoint to a local folder")
-    model_dir = datasets.filesystem(export.meta["url"])[1]
+    model_dir = storage.filesystem(export.meta["url"])[1]
     step_url = export.meta["checkpoint"]
     tokenizer = load_tokenizer(tokens_url)
     texts = [tokenizer.decode(doc) for doc in held_out_documents(tokens_url, cfg.max_tokens)]
     items = cloze_items(texts, cfg)
     if not items:
-        raise datasets.DatasetError(f"the val split of {tokens_url} has no document of at least "
+        raise contract.DatasetError(f"the val split of {tokens_url} has no document of at least "
                                     f"{cfg.min_words} words for the harness's cloze task")
     with tempfile.TemporaryDirectory(prefix="smelt-harness-") as tmp:
         workdir = Path(tmp)
@@ -145,6 +145,6 @@ def score_with_harness(export_url: str, tokens_url: str, cfg: HarnessConfig, out
 
     blobs = {DOCS_FILE: ("".join(json.dumps(i) + "\n" for i in items).encode(), len(items)),
              TASK_FILE: (task_file, 1), RESULTS_FILE: (json.dumps(results, indent=2).encode(), 1)}
-    shards = [datasets.write_shard(output_url, name, lambda f, b=blob, r=rows: write(f, b, r))
+    shards = [contract.write_shard(output_url, name, lambda f, b=blob, r=rows: write(f, b, r))
               for name, (blob, rows) in blobs.items()]
     return shards, results

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from tasks import branches, datasets, jsonlog
+from tasks import branches, contract, jsonlog, storage
 from tasks.eval.baselines import COMPRESSORS
 
 
@@ -24,7 +24,7 @@ def _branch_of(run_dir: str, records: list[dict], meta: dict) -> int | None:
     files = (meta.get("identity") or {}).get("files")
     for record in records:
         if files and meta["step"] in record["steps"]:
-            url = datasets.join(branches.branch_url(run_dir, record), relative_step(meta["step"]))
+            url = storage.join(branches.branch_url(run_dir, record), relative_step(meta["step"]))
             if (checkpoint_identity(url) or {}).get("files") == files:
                 return record["branch"]
     return None
@@ -34,12 +34,12 @@ def run_evaluations(root: str, run_dir: str) -> list[dict]:
     """Meta of every finished evaluation under ``<root>/eval`` of a checkpoint of ``run_dir``, by step
     (for a step evaluated under several eval configs, the newest); an evaluation of a checkpoint now on a
     superseded branch has its ``branch`` (None for the run's own trajectory) and comes after the run's own."""
-    fs, path = datasets.filesystem(datasets.join(datasets.normalize_url(root), "eval"))
-    run_dir = datasets.normalize_url(run_dir)
+    fs, path = storage.filesystem(storage.join(storage.normalize_url(root), "eval"))
+    run_dir = storage.normalize_url(run_dir)
     records = branches.read(run_dir)
     by_step: dict[tuple[int, int], tuple[str, dict]] = {}
-    for manifest_path in fs.glob(f"{path}/*/{datasets.MANIFEST}"):
-        manifest = datasets.Manifest.from_json(fs.cat_file(manifest_path).decode())
+    for manifest_path in fs.glob(f"{path}/*/{contract.MANIFEST}"):
+        manifest = contract.Manifest.from_json(fs.cat_file(manifest_path).decode())
         if manifest.kind != "eval" or manifest.meta.get("run") != run_dir:
             continue
         created = manifest.lineage.get("created_at", "")

@@ -2,7 +2,7 @@
 
 Modelled on datatrove's PipelineStep/BaseFilter: a ``Step`` has a ``name`` and ``process(docs,
 stats)``; its ``run`` counts every document in and out (``in``, ``out``: the vocabulary of
-``tasks.datasets.Stats``, in the step's own ``Stats``, which the stage files under
+``tasks.counters.Stats``, in the step's own ``Stats``, which the stage files under
 ``funnel.<step>.``). A ``Filter`` answers one question per document through ``keep``; the base
 batches, counts (``dropped.<reason>``, ``skipped.<why>``) and writes rejects. Steps hold only
 config values so they pickle to Dask workers.
@@ -10,43 +10,13 @@ config values so they pickle to Dask workers.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
-import json
-import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from tasks.datasets import Stats
-
-
-@dataclasses.dataclass
-class Document:
-    id: str
-    url: str
-    text: str
-    source: str = "web"
-    lang: str = ""
-    lang_score: float = math.nan
-    quality_score: float = math.nan
-    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def to_row(self) -> dict[str, Any]:
-        """The Parquet row: fields as they are, ``meta`` as JSON (no deep copy, which
-        ``dataclasses.asdict`` makes of every meta dict: ~6% of a shard's CPU under cProfile)."""
-        row = {name: getattr(self, name) for name in _DOCUMENT_FIELDS}
-        row["meta"] = json.dumps(self.meta, sort_keys=True)
-        return row
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Document":
-        row = dict(row)
-        row["meta"] = json.loads(row.get("meta") or "{}")
-        return cls(**row)
-
-
-_DOCUMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Document))
+from tasks.counters import Stats
+from tasks.documents import Document
 
 
 def doc_id(*parts: object) -> str:

@@ -20,8 +20,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from tasks import datasets
-from tasks.ingest.base import Document
+from tasks import contract, storage, verified_reads
+from tasks.documents import Document
 from tasks.ingest.config import ClassifierConfig
 from tasks.ingest.langid import LABEL_PREFIX, load_fasttext_model, model_fingerprint, one_utf8_line, predict_top
 from tasks.ingest.text import ProseFilter, is_code
@@ -143,7 +143,7 @@ def train_quality_classifier(
     """
     import fasttext
 
-    output_url = datasets.normalize_url(output_path)
+    output_url = storage.normalize_url(output_path)
     pos, neg = cfg.positive_label, cfg.negative_label
     counts = {key: 0 for key in (f"train_{pos}", f"train_{neg}", f"held_out_{pos}", f"held_out_{neg}", "skipped_empty")}
     with tempfile.TemporaryDirectory(prefix="smelt-classifier-") as tmp:
@@ -180,7 +180,7 @@ def train_quality_classifier(
 
         model_path = os.path.join(tmp, "model.ftz" if cfg.quantize else "model.bin")
         model.save_model(model_path)
-        with open(model_path, "rb") as src, datasets.atomic_write(output_url) as dst:
+        with open(model_path, "rb") as src, storage.atomic_write(output_url) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
 
     report = {
@@ -198,11 +198,11 @@ def train_quality_classifier(
 def iter_dataset_texts(url: str) -> Iterator[str]:
     """The ``text`` column of every document shard of the smelt documents dataset at ``url``, each
     shard verified against the manifest as it is read."""
-    manifest = datasets.open_dataset(url, kind="documents")
+    manifest = contract.open_dataset(url, kind="documents")
     for shard in manifest.shards:
         if not shard.name.endswith(".parquet"):
             continue
-        parquet = datasets.open_parquet(datasets.shard_url(manifest, shard), shard)
+        parquet = verified_reads.open_parquet(contract.shard_url(manifest, shard), shard)
         for batch in parquet.iter_batches(columns=["text"], batch_size=1024):
             yield from batch.column(0).to_pylist()
 
@@ -212,8 +212,8 @@ def train_classifier_from_datasets(positive_url: str, negative_url: str, output_
     positive = iter_dataset_texts(positive_url)
     negative = iter_dataset_texts(negative_url)
     report = train_quality_classifier(positive, negative, output_url, cfg)
-    report["positive_dataset"] = datasets.normalize_url(positive_url)
-    report["negative_dataset"] = datasets.normalize_url(negative_url)
+    report["positive_dataset"] = storage.normalize_url(positive_url)
+    report["negative_dataset"] = storage.normalize_url(negative_url)
     return report
 
 
@@ -231,7 +231,7 @@ class QualityClassifierFilter(ProseFilter):
         self.batch_size = cfg.batch_size
         self.model_stamp = ""
         if cfg.enabled:
-            fs, path = datasets.filesystem(cfg.model_url)
+            fs, path = storage.filesystem(cfg.model_url)
             if not fs.exists(path):
                 raise ValueError(f"classifier.model_url {cfg.model_url} does not exist: train one with `smelt quality-classifier train` or fix the URL")
             self.model_stamp = model_fingerprint(cfg.model_url)

@@ -35,8 +35,9 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from tasks.datasets import Stats
-from tasks.ingest.base import Document, Step
+from tasks.counters import Stats
+from tasks.documents import Document
+from tasks.ingest.base import Step
 from tasks.ingest.config import ExtractConfig
 
 log = logging.getLogger(__name__)

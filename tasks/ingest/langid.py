@@ -21,8 +21,8 @@ import tempfile
 import threading
 from typing import Any
 
-from tasks import datasets
-from tasks.ingest.base import Document
+from tasks import contract, storage
+from tasks.documents import Document
 from tasks.ingest.config import LangIdConfig
 from tasks.ingest.text import ProseFilter
 
@@ -56,21 +56,21 @@ def model_fingerprint(url: str) -> str:
     Steps record it at construction, so a model retrained to the same URL is loaded afresh by
     long-lived workers instead of being served from the process cache.
     """
-    fs, path = datasets.filesystem(url)
+    fs, path = storage.filesystem(url)
     if not fs.exists(path):
-        raise ValueError(f"no fastText model at {datasets.normalize_url(url)}: check the configured model path or URL")
-    return datasets.raw_input_fingerprints([url])[0]
+        raise ValueError(f"no fastText model at {storage.normalize_url(url)}: check the configured model path or URL")
+    return contract.raw_input_fingerprints([url])[0]
 
 
 def local_model_file(url: str, stamp: str = "") -> str:
     """A local path for the model at ``url``: local files as they are, remote ones copied once per stamp."""
-    url = datasets.normalize_url(url)
+    url = storage.normalize_url(url)
     if url.startswith("file://"):
         path = url[len("file://"):]
         if not os.path.exists(path):
             raise ValueError(f"no fastText model at {url}: check the configured model path")
         return path
-    fs, path = datasets.filesystem(url)
+    fs, path = storage.filesystem(url)
     if not fs.exists(path):
         raise ValueError(f"no fastText model at {url}: check the configured model URL")
     cache_dir = os.path.join(tempfile.gettempdir(), "smelt-models")

@@ -13,8 +13,9 @@ import re
 import zlib
 from collections.abc import Iterable, Iterator
 
-from tasks.datasets import Stats
-from tasks.ingest.base import Document, Step
+from tasks.counters import Stats
+from tasks.documents import Document
+from tasks.ingest.base import Step
 from tasks.ingest.config import PIIConfig
 
 EMAIL_RE = re.compile(

@@ -17,10 +17,13 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from tasks import datasets
+from tasks import contract, storage
+from tasks.contract import ShardInfo, ShardResult
+from tasks.counters import Stats
+from tasks.documents import document_schema
 from tasks.counters import merge_steps
-from tasks.datasets import ShardInfo, ShardResult, Stats
-from tasks.ingest.base import Document, Step, enabled_steps
+from tasks.documents import Document
+from tasks.ingest.base import Step, enabled_steps
 from tasks.ingest.config import IngestConfig, OutputConfig
 from tasks.ingest.readers import read_documents
 
@@ -64,7 +67,7 @@ class DocumentSink:
     def __init__(self, f, cfg: OutputConfig):
         import pyarrow.parquet as pq
 
-        self._schema = datasets.document_schema()
+        self._schema = document_schema()
         self._writer = pq.ParquetWriter(f, self._schema, compression=cfg.compression)
         self._rows_per_group = cfg.rows_per_row_group
         self._pending: list[dict] = []
@@ -100,7 +103,7 @@ def ingest_item(index: int, input_key: str, read: Reader, steps: list[Step], out
     """Read, filter and write one input as shard ``docs-<index>.parquet`` of ``output_url``.
 
     ``input_key`` names the input and ``cfg`` is the stage's whole config (both go into the
-    shard's completion key); ``cfg.output`` says how to write. Idempotent (``datasets.run_shard``):
+    shard's completion key); ``cfg.output`` says how to write. Idempotent (``contract.run_shard``):
     a finished shard is reused, an unfinished one is redone from scratch and comes out
     byte-identical. With ``output.write_exclusions`` the documents the filters drop go to
     ``<output_url>/excluded/<same name>`` with ``meta.dropped_by`` (the shard's info has
@@ -108,12 +111,12 @@ def ingest_item(index: int, input_key: str, read: Reader, steps: list[Step], out
     """
     name = shard_name(index)
     work = functools.partial(_ingest, read, steps, output_url, name, cfg.output)
-    return datasets.run_shard(output_url, work_key(name, input_key, cfg), work)
+    return contract.run_shard(output_url, work_key(name, input_key, cfg), work)
 
 
 def work_key(name: str, input_key: str, cfg) -> str:
     """The shard's completion key: a marker left by another input or config is never reused."""
-    blob = datasets.canonical_json([input_key, dataclasses.asdict(cfg)])
+    blob = contract.canonical_json([input_key, dataclasses.asdict(cfg)])
     return f"{name.removesuffix('.parquet')}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
@@ -148,14 +151,14 @@ def _ingest(read: Reader, steps: list[Step], output_url: str, name: str, cfg: Ou
 
     def write_both(g) -> int:  # the kept shard is written while the excluded one is open
         rejects = DocumentSink(g, cfg)
-        shards.append(datasets.write_shard(output_url, name, functools.partial(write_kept, rejects=rejects)))
+        shards.append(contract.write_shard(output_url, name, functools.partial(write_kept, rejects=rejects)))
         return rejects.close()
 
     if cfg.write_exclusions:
-        excluded = datasets.write_shard(datasets.join(output_url, EXCLUDED), name, write_both)
+        excluded = contract.write_shard(storage.join(output_url, EXCLUDED), name, write_both)
         shards.append(dataclasses.replace(excluded, name=f"{EXCLUDED}/{name}", extra={"excluded": True}))
     else:
-        shards.append(datasets.write_shard(output_url, name, write_kept))
+        shards.append(contract.write_shard(output_url, name, write_kept))
     stats = merge_steps(step_stats) + written
     stats.add("time.shard_s", time.perf_counter() - started)
     return ShardResult(shards, stats)

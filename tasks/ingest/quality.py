@@ -19,7 +19,7 @@ import math
 import re
 from collections import Counter
 
-from tasks.ingest.base import Document
+from tasks.documents import Document
 from tasks.ingest.config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 from tasks.ingest.text import (
     ProseFilter,

@@ -31,8 +31,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tasks.compression import compression_name
-from tasks.datasets import Stats, filesystem, normalize_url
-from tasks.ingest.base import Document, doc_id
+from tasks.counters import Stats
+from tasks.storage import filesystem, normalize_url
+from tasks.documents import Document
+from tasks.ingest.base import doc_id
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.warc import read_warc, read_wet
 from tasks.records import read_json_lines, read_parquet_rows

@@ -12,8 +12,9 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 
-from tasks import datasets
-from tasks.datasets import Manifest, ShardInfo, ShardResult, Stats
+from tasks import contract, storage
+from tasks.contract import Manifest, ShardInfo, ShardResult
+from tasks.counters import Stats
 from tasks.ingest.config import IngestConfig
 from tasks.ingest.pipeline import EXCLUDED, build_steps, step_names, web_item
 from tasks.ingest.readers import InputError
@@ -32,8 +33,8 @@ def run_ingest(
     Returns the committed manifest (``meta.steps`` names the steps in order for the funnel). With
     ``output.write_exclusions`` the dropped documents form a second dataset at ``<output>/excluded``.
     """
-    output_url = datasets.normalize_url(output_url)
-    if (existing := datasets.finished_dataset(output_url, fingerprint)) is not None:
+    output_url = storage.normalize_url(output_url)
+    if (existing := contract.finished_dataset(output_url, fingerprint)) is not None:
         return existing
     if not urls:
         raise InputError("no input files given: pass WARC, WET, JSONL or Parquet URLs, globs or folders")
@@ -57,7 +58,7 @@ def run_work_items(label: str, items: Sequence, work: Callable[[tuple[int, objec
 
 def _remove_partial_files(output_url: str) -> None:
     """Delete temporary files left by work items that died mid-write (their shards were redone)."""
-    fs, path = datasets.filesystem(output_url)
+    fs, path = storage.filesystem(output_url)
     for pattern in (f"{path}/.tmp-*", f"{path}/{EXCLUDED}/.tmp-*", f"{path}/_done/.tmp-*"):
         for leftover in fs.glob(pattern):
             log.info("removing %s, left by an interrupted work item", leftover)
@@ -74,7 +75,7 @@ def _commit_documents(output_url: str, fingerprint: str, results: list[ShardResu
             ShardInfo(s.name.removeprefix(f"{EXCLUDED}/"), s.rows, s.bytes, s.checksum)
             for r in results for s in r.shards if s.extra.get("excluded")
         ]
-        datasets.commit(datasets.join(output_url, EXCLUDED), "documents", fingerprint, excluded,
+        contract.commit(storage.join(output_url, EXCLUDED), "documents", fingerprint, excluded,
                         {"out": sum(s.rows for s in excluded)}, inputs=urls, config=cfg,
                         meta={**meta, "excluded_from": output_url})
-    return datasets.commit(output_url, "documents", fingerprint, kept, stats, inputs=urls, config=cfg, meta=meta)
+    return contract.commit(output_url, "documents", fingerprint, kept, stats, inputs=urls, config=cfg, meta=meta)

@@ -14,7 +14,9 @@ import functools
 import re
 from collections.abc import Iterable
 
-from tasks.ingest.base import Document, Filter
+from tasks.documents import Document
+
+from tasks.ingest.base import Filter
 
 WORD_RE = re.compile(r"\w+(?:['’.\-]\w+)*")
 PARAGRAPH_BREAK_RE = re.compile(r"\n[ \t\r\f\v]*\n\s*")

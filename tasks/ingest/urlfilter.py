@@ -12,8 +12,9 @@ import re
 import threading
 from urllib.parse import urlsplit
 
-from tasks import datasets
-from tasks.ingest.base import Document, Filter
+from tasks import storage
+from tasks.documents import Document
+from tasks.ingest.base import Filter
 from tasks.ingest.config import URLFilterConfig
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ def read_list(url: str) -> frozenset[str]:
     """Entries of the list file at ``url`` (lowercased), read once per process."""
     with _lists_lock:
         if url not in _lists:
-            fs, path = datasets.filesystem(url)
+            fs, path = storage.filesystem(url)
             with fs.open(path, "rt", encoding="utf-8") as f:
                 entries = {line.split("#", 1)[0].strip().lower() for line in f}
             entries.discard("")
@@ -66,7 +67,7 @@ class URLFilter(Filter):
         for key in ("blocked_domains_url", "banned_words_url"):
             url = getattr(cfg, key)
             if url:
-                fs, path = datasets.filesystem(url)
+                fs, path = storage.filesystem(url)
                 if not fs.exists(path):
                     raise ValueError(f"url_filter.{key} points to {url}, which does not exist: fix the path or leave it empty")
 

@@ -20,8 +20,9 @@ from typing import Any
 import fsspec
 
 from tasks.compression import READ_CHUNK, UNVERIFIED_HOLD_CHARS, compression_name, decompressed_chunks, is_compressed
-from tasks.datasets import Stats, remote_options
-from tasks.ingest.base import Document
+from tasks.counters import Stats
+from tasks.objectstore import remote_options
+from tasks.documents import Document
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.warc_framer import WARC_MAGIC, Framed, WarcFramer
 from tasks.ingest.warc_records import framed_document

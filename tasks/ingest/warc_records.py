@@ -15,8 +15,9 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from tasks.datasets import Stats
-from tasks.ingest.base import Document, doc_id
+from tasks.counters import Stats
+from tasks.documents import Document
+from tasks.ingest.base import doc_id
 from tasks.ingest.charsets import decode_payload
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.warc_framer import Framed

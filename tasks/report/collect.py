@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from tasks import datasets, jsonlog
+from tasks import contract, jsonlog, storage
 from tasks.checkpoints import list_committed
 from tasks.counters import funnel
 from tasks.eval.report import run_evaluations
@@ -22,7 +22,7 @@ from tasks.train.stragglers import REPORT as STRAGGLERS
 
 
 def _json(run_dir: str, name: str) -> Any:
-    fs, path = datasets.filesystem(datasets.join(run_dir, name))
+    fs, path = storage.filesystem(storage.join(run_dir, name))
     try:
         return json.loads(fs.cat_file(path))
     except FileNotFoundError:
@@ -45,10 +45,10 @@ def data_funnel(data: dict[str, str]) -> list[dict]:
     with its funnel rows (tasks/counters.funnel: ``in``, each step's ``out`` and drop reasons, ``out``)."""
     branches = []
     for name, url in sorted(data.items()):
-        chain, seen, todo = [], set(), [datasets.normalize_url(url)]
+        chain, seen, todo = [], set(), [storage.normalize_url(url)]
         while todo:  # lineage is a DAG: each stage lists its inputs; follow the documents chain back
             current = todo.pop()
-            manifest = datasets.read_manifest(current) if current not in seen else None
+            manifest = contract.read_manifest(current) if current not in seen else None
             seen.add(current)
             if manifest is None:
                 continue
@@ -62,12 +62,12 @@ def data_funnel(data: dict[str, str]) -> list[dict]:
 
 def collect(run_dir: str, root: str | None = None) -> dict[str, Any]:
     """The run's record, as plain JSON-able values (see the module docstring)."""
-    run_dir = datasets.normalize_url(run_dir)
+    run_dir = storage.normalize_url(run_dir)
     metrics = jsonlog.read(run_dir, goodput.METRICS)
     events = jsonlog.read(run_dir, goodput.EVENTS)
     summary = _json(run_dir, "summary.json") or {}
     config = _json(run_dir, "train_config.json") or {}
-    manifest = datasets.read_manifest(run_dir)
+    manifest = contract.read_manifest(run_dir)
     checkpoints = list_committed(run_dir, checksums=False)
     data = (manifest.meta.get("data") if manifest else None) or _checkpoint_data(checkpoints)
     evaluations = run_evaluations(root or root_of(run_dir), run_dir)
@@ -86,5 +86,5 @@ def _checkpoint_data(checkpoints: list[dict]) -> dict[str, str] | None:
     """The tokens datasets a running run trains on, from its newest checkpoint's manifest."""
     if not checkpoints:
         return None
-    manifest = datasets.read_manifest(checkpoints[-1]["url"])
+    manifest = contract.read_manifest(checkpoints[-1]["url"])
     return manifest.meta.get("data") if manifest else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks import datasets
+from tasks import storage
 from tasks.report.collect import collect
 from tasks.report.page import render
 from tasks.report.scalars import write_scalars
@@ -15,7 +15,7 @@ def write_report(run_dir: str, output: str | None = None, root: str | None = Non
     scalars; returns ``{"url", "tensorboard", "sections"}``."""
     data = collect(run_dir, root)
     page = render(data)
-    url = datasets.normalize_url(output) if output else datasets.join(data["run_dir"], REPORT)
-    with datasets.atomic_write(url, "w") as f:
+    url = storage.normalize_url(output) if output else storage.join(data["run_dir"], REPORT)
+    with storage.atomic_write(url, "w") as f:
         f.write(page)
     return {"url": url, "tensorboard": write_scalars(data), "bytes": len(page.encode())}

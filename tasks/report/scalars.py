@@ -9,7 +9,7 @@ each restart or rollback resumed from, and ``eval/<split>/loss`` and ``eval/<spl
 
 from __future__ import annotations
 
-from tasks import datasets
+from tasks import storage
 from tasks.report.timeline import faults, final_trajectory
 from tasks.tb_events import EventWriter
 
@@ -43,7 +43,7 @@ def derived_scalars(data: dict) -> list[tuple[str, float, int, float]]:
 
 def write_scalars(data: dict) -> str:
     """Rewrite ``<run_dir>/tensorboard/run/``; returns its URL."""
-    url = datasets.join(data["run_dir"], "tensorboard", RUN)
+    url = storage.join(data["run_dir"], "tensorboard", RUN)
     writer = EventWriter(url, name=FILE)
     for tag, value, step, wall_time in derived_scalars(data):
         writer.scalar(tag, value, step, wall_time)

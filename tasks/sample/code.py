@@ -29,7 +29,7 @@ import random
 import re
 from collections import Counter
 
-from tasks import datasets
+from tasks import storage
 from tasks.sample.files import read_ground_truth, refuse_stale_files
 from tasks.sample.sources import SKIPPED_SOURCE_FILES, stdlib_dir
 from tasks.sample.warc import gzip_member
@@ -264,7 +264,7 @@ def write_sample_code(output_url: str, files: int = 400, seed: int = 0) -> dict:
     (file names), ``input`` (a glob URL of the shards, for ``--code-input``), ``bytes`` and
     ``ground_truth`` (its file name). Raises ValueError for counts it cannot honour.
     """
-    out = datasets.normalize_url(output_url)
+    out = storage.normalize_url(output_url)
     shard_count = math.ceil(files / RECORDS_PER_FILE)
     names = [FILE_PATTERN.format(i) for i in range(shard_count)]
     refuse_stale_files(out, "code-*.jsonl.gz", names)
@@ -273,18 +273,18 @@ def write_sample_code(output_url: str, files: int = 400, seed: int = 0) -> dict:
     for i, name in enumerate(names):
         chunk = records[i * RECORDS_PER_FILE: (i + 1) * RECORDS_PER_FILE]
         data = gzip_member(b"".join(_line(record) for record in chunk))
-        with datasets.atomic_write(datasets.join(out, name)) as f:
+        with storage.atomic_write(storage.join(out, name)) as f:
             f.write(data)
         total_bytes += len(data)
         rows.extend(ground_truth_row(record, name) for record in chunk)
-    with datasets.atomic_write(datasets.join(out, CODE_GROUND_TRUTH), "w") as f:
+    with storage.atomic_write(storage.join(out, CODE_GROUND_TRUTH), "w") as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     categories = Counter(row["category"] for row in rows)
     summary = {
         "files": len(rows),
         "categories": {name: categories[name] for name in CODE_CATEGORIES},
         "shards": names,
-        "input": datasets.join(out, "code-*.jsonl.gz"),
+        "input": storage.join(out, "code-*.jsonl.gz"),
         "bytes": total_bytes,
         "ground_truth": CODE_GROUND_TRUTH,
     }

@@ -23,7 +23,7 @@ import logging
 import random
 from collections import Counter
 
-from tasks import datasets
+from tasks import storage
 from tasks.sample.files import read_ground_truth, refuse_stale_files
 from tasks.sample import content, templates, warc
 from tasks.sample.plan import CATEGORIES, Page, plan_crawl, rng_for
@@ -117,7 +117,7 @@ def write_sample_crawl(output_url: str, pages: int = 1200, files: int = 4, seed:
     """
     if not 1 <= files <= pages:
         raise ValueError(f"files must be between 1 and pages ({pages}); got files={files}")
-    out = datasets.normalize_url(output_url)
+    out = storage.normalize_url(output_url)
     names = [FILE_PATTERN.format(i) for i in range(files)]
     refuse_stale_files(out, "crawl-*.warc.gz", names)
 
@@ -132,11 +132,11 @@ def write_sample_crawl(output_url: str, pages: int = 1200, files: int = 4, seed:
     for i, name in enumerate(names):
         chunk = plan[bounds[i] : bounds[i + 1]]
         data = _warc_file(name, chunk, bounds[i], seed, pages, by_lang, links_rng)
-        with datasets.atomic_write(datasets.join(out, name)) as f:
+        with storage.atomic_write(storage.join(out, name)) as f:
             f.write(data)
         total_bytes += len(data)
         rows.extend(ground_truth_row(page, name) for page in chunk)
-    with datasets.atomic_write(datasets.join(out, GROUND_TRUTH), "w") as f:
+    with storage.atomic_write(storage.join(out, GROUND_TRUTH), "w") as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
     categories = Counter(row["category"] for row in rows)

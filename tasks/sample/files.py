@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from tasks import datasets
+from tasks import contract, storage
 
 
 def refuse_stale_files(out: str, pattern: str, names: list[str]) -> None:
     """Files matching ``pattern`` that this sample will not write (left by a larger earlier sample)
     would be read as part of it: refuse rather than mix two samples."""
-    fs, path = datasets.filesystem(out)
+    fs, path = storage.filesystem(out)
     if not fs.exists(path):
         return
     stale = sorted(p.rsplit("/", 1)[-1] for p in fs.glob(f"{path}/{pattern}"))
@@ -22,11 +22,11 @@ def refuse_stale_files(out: str, pattern: str, names: list[str]) -> None:
 
 def read_ground_truth(url: str, filename: str, kind: str = "") -> list[dict]:
     """Ground-truth rows; ``url`` is the sample folder or the ``.jsonl`` file; ``kind`` names it in errors."""
-    url = datasets.normalize_url(url)
+    url = storage.normalize_url(url)
     if not url.endswith(".jsonl"):
-        url = datasets.join(url, filename)
-    fs, path = datasets.filesystem(url)
+        url = storage.join(url, filename)
+    fs, path = storage.filesystem(url)
     if not fs.exists(path):
-        raise datasets.DatasetError(f"no sample {kind + ' ' if kind else ''}ground truth at {url}; create it with `smelt sample --output DIR`")
+        raise contract.DatasetError(f"no sample {kind + ' ' if kind else ''}ground truth at {url}; create it with `smelt sample --output DIR`")
     with fs.open(path, "r", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

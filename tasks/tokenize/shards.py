@@ -13,29 +13,29 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks import datasets
+from tasks import contract, verified_reads
 
 
-def document_shards(inputs: list[datasets.Manifest]) -> list[tuple[datasets.Manifest, datasets.ShardInfo]]:
+def document_shards(inputs: list[contract.Manifest]) -> list[tuple[contract.Manifest, contract.ShardInfo]]:
     """Every Parquet shard of the documents datasets, in input then shard order (the stage's order)."""
     out = []
     for manifest in inputs:
         if manifest.kind != "documents":
-            raise datasets.DatasetError(
+            raise contract.DatasetError(
                 f"dataset at {manifest.meta.get('url')} holds {manifest.kind!r}; tokenize reads 'documents' datasets"
             )
         out.extend((manifest, s) for s in manifest.shards if s.name.endswith(".parquet"))
     return out
 
 
-def iter_document_batches(url: str, shard: datasets.ShardInfo, columns: list[str], batch_size: int) -> Iterator[pa.RecordBatch]:
+def iter_document_batches(url: str, shard: contract.ShardInfo, columns: list[str], batch_size: int) -> Iterator[pa.RecordBatch]:
     """Stream one verified Parquet shard in batches of at most ``batch_size`` rows, reading only ``columns``."""
-    yield from datasets.open_parquet(url, shard).iter_batches(batch_size=batch_size, columns=columns)
+    yield from verified_reads.open_parquet(url, shard).iter_batches(batch_size=batch_size, columns=columns)
 
 
-def iter_row_groups(url: str, shard: datasets.ShardInfo) -> Iterator[tuple[pq.ParquetFile, int]]:
+def iter_row_groups(url: str, shard: contract.ShardInfo) -> Iterator[tuple[pq.ParquetFile, int]]:
     """The verified Parquet file and each row-group number, so callers can read columns selectively."""
-    parquet = datasets.open_parquet(url, shard)
+    parquet = verified_reads.open_parquet(url, shard)
     for group in range(parquet.num_row_groups):
         yield parquet, group
 

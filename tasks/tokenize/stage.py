@@ -21,7 +21,9 @@ import logging
 import numpy as np
 from tokenizers import Tokenizer
 
-from tasks import datasets
+from tasks import contract, storage
+from tasks.checksums import file_checksum
+from tasks.counters import Stats
 from tasks.parallel import MapFn, serial_map
 from tasks.tokenize.config import SpecialTokens, TokenizeConfig
 from tasks.tokenize.shards import document_shards, iter_document_batches, join_documents
@@ -76,8 +78,8 @@ class _SplitBuffer:
         return np.concatenate(self.tokens), np.concatenate(self.starts)
 
 
-def tokenize_shard(item: tuple[int, str, datasets.ShardInfo, str], output_url: str, cfg: TokenizeConfig,
-                   ids: dict[str, int | None], tokenizer_sha256: str) -> datasets.ShardResult:
+def tokenize_shard(item: tuple[int, str, contract.ShardInfo, str], output_url: str, cfg: TokenizeConfig,
+                   ids: dict[str, int | None], tokenizer_sha256: str) -> contract.ShardResult:
     """Encode document shard ``item = (n, url, shard info, documents fingerprint)`` into the train/val token
     shards numbered ``n``; ``ids`` are the special tokens' (``special_ids``). The lineage names the documents
     dataset by fingerprint, not URL, so a moved dataset writes the same bytes (the tokens manifest's
@@ -87,10 +89,10 @@ def tokenize_shard(item: tuple[int, str, datasets.ShardInfo, str], output_url: s
     ``dropped.empty_text``.
     """
     number, url, shard, documents_fp = item
-    tokenizer = _tokenizer(datasets.join(output_url, TOKENIZER_FILE), tokenizer_sha256)
+    tokenizer = _tokenizer(storage.join(output_url, TOKENIZER_FILE), tokenizer_sha256)
     bos_id = ids["bos_id"] if cfg.add_bos else None
     dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
-    stats = datasets.Stats()
+    stats = Stats()
     buffers = {split: _SplitBuffer() for split in SPLITS}
     row = 0
     for batch in iter_document_batches(url, shard, ["text", *CARRIED], cfg.batch_docs):
@@ -127,31 +129,31 @@ def tokenize_shard(item: tuple[int, str, datasets.ShardInfo, str], output_url: s
             tokens, starts = buffer.joined()
             stats.add(f"tokens.{split}", len(tokens))
             shards += write_token_shard(output_url, f"{split}-{number:05d}", split, tokens, starts)
-            shards.append(datasets.write_shard(output_url, lineage_name(f"{split}-{number:05d}.bin"),
+            shards.append(contract.write_shard(output_url, lineage_name(f"{split}-{number:05d}.bin"),
                                                buffer.write_lineage, split=split, docs=len(starts)))
-    return datasets.ShardResult(shards, stats)
+    return contract.ShardResult(shards, stats)
 
 
-def _run_item(item: tuple[int, str, datasets.ShardInfo, str], output_url: str, cfg: TokenizeConfig,
-              ids: dict[str, int | None], tokenizer_sha256: str) -> datasets.ShardResult:
+def _run_item(item: tuple[int, str, contract.ShardInfo, str], output_url: str, cfg: TokenizeConfig,
+              ids: dict[str, int | None], tokenizer_sha256: str) -> contract.ShardResult:
     work = functools.partial(tokenize_shard, item, output_url, cfg, ids, tokenizer_sha256)
-    return datasets.run_shard(output_url, f"docs-{item[0]:05d}", work)
+    return contract.run_shard(output_url, f"docs-{item[0]:05d}", work)
 
 
 def _copy_tokenizer(tokenizer_url: str, output_url: str) -> str:
     """Store the tokenizer inside the tokens dataset (train and eval decode from it alone); its checksum."""
     source = tokenizer_json_url(tokenizer_url)
     load_tokenizer(source)  # a clear error now beats one per worker later
-    fs, path = datasets.filesystem(source)
+    fs, path = storage.filesystem(source)
     blob = fs.cat_file(path)
-    with datasets.atomic_write(datasets.join(output_url, TOKENIZER_FILE)) as f:
+    with storage.atomic_write(storage.join(output_url, TOKENIZER_FILE)) as f:
         f.write(blob)
-    out_fs, out_path = datasets.filesystem(datasets.join(output_url, TOKENIZER_FILE))
-    return datasets.file_checksum(out_fs, out_path)
+    out_fs, out_path = storage.filesystem(storage.join(output_url, TOKENIZER_FILE))
+    return file_checksum(out_fs, out_path)
 
 
 def run_tokenize(
-    inputs: list[datasets.Manifest],
+    inputs: list[contract.Manifest],
     tokenizer_url: str,
     output_url: str,
     cfg: TokenizeConfig,
@@ -159,23 +161,23 @@ def run_tokenize(
     special: SpecialTokens = SpecialTokens(),
     fingerprint: str,
     map_fn: MapFn = serial_map,
-) -> datasets.Manifest:
+) -> contract.Manifest:
     """Encode every document shard of ``inputs`` with the tokenizer at ``tokenizer_url``, whose
     special tokens are named by ``special`` (the ``[tokenizer]`` section's names).
 
-    Writes a ``tokens`` dataset (format in ``tasks/datasets.py``) with ``tokenizer.json`` inside;
+    Writes a ``tokens`` dataset (format in ``tasks/contract.py``) with ``tokenizer.json`` inside;
     manifest meta: dtype, vocab_size, eos_id, bos_id, pad_id, tokenizer_checksum, val_fraction.
     """
     tokenizer_sha256 = _copy_tokenizer(tokenizer_url, output_url)
-    tokenizer = load_tokenizer(datasets.join(output_url, TOKENIZER_FILE))
+    tokenizer = load_tokenizer(storage.join(output_url, TOKENIZER_FILE))
     ids = special_ids(tokenizer, special)
     if cfg.add_bos and ids["bos_id"] is None:
         raise ValueError(f"tokenize.add_bos is set but the tokenizer has no {special.bos_token!r} token")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    items = [(n, datasets.shard_url(m, s), s, m.fingerprint) for n, (m, s) in enumerate(document_shards(inputs))]
+    items = [(n, contract.shard_url(m, s), s, m.fingerprint) for n, (m, s) in enumerate(document_shards(inputs))]
     work = functools.partial(_run_item, output_url=output_url, cfg=cfg, ids=ids, tokenizer_sha256=tokenizer_sha256)
     results = map_fn(work, items, label="tokenize")
-    stats = sum((r.stats for r in results), datasets.Stats())
+    stats = sum((r.stats for r in results), Stats())
     stats.add("shards.in", len(items))
     shards = [s for r in results for s in r.shards]
     log.info("tokenized %d documents into %d train and %d val tokens", stats.get("in", 0),
@@ -187,5 +189,5 @@ def run_tokenize(
         "tokenizer_checksum": tokenizer_sha256,
         "val_fraction": cfg.val_fraction,
     }
-    return datasets.commit(output_url, "tokens", fingerprint, shards, stats,
+    return contract.commit(output_url, "tokens", fingerprint, shards, stats,
                            inputs=[*inputs, tokenizer_url], config=cfg, meta=meta)

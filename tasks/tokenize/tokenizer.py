@@ -20,7 +20,8 @@ from collections.abc import Iterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tasks import datasets
+from tasks import contract
+from tasks.counters import Stats
 from tasks.tokenize.config import SpecialTokens, TokenizerConfig
 from tasks.tokenize.shards import document_shards, iter_row_groups
 from tasks.tokenizer_files import TOKENIZER_FILE
@@ -50,7 +51,7 @@ def special_ids(tokenizer: Tokenizer, cfg: SpecialTokens) -> dict[str, int | Non
     return ids
 
 
-def sample_texts(inputs: list[datasets.Manifest], cfg: TokenizerConfig, stats: datasets.Stats) -> Iterator[list[str]]:
+def sample_texts(inputs: list[contract.Manifest], cfg: TokenizerConfig, stats: Stats) -> Iterator[list[str]]:
     """Batches of a seeded sample of about ``cfg.sample_docs`` documents spread over every shard.
 
     A document is picked iff ``hash_fraction(sample_seed, id) < sample_docs / total_docs``, so the
@@ -61,7 +62,7 @@ def sample_texts(inputs: list[datasets.Manifest], cfg: TokenizerConfig, stats: d
     rate = cfg.sample_docs / max(total, 1)
     taken = 0
     for manifest, shard in document_shards(inputs):
-        for parquet, group in iter_row_groups(datasets.shard_url(manifest, shard), shard):
+        for parquet, group in iter_row_groups(contract.shard_url(manifest, shard), shard):
             ids = parquet.read_row_group(group, columns=["id"]).column("id").to_pylist()
             keys = [doc_id or f"{shard.name}/{group}/{i}" for i, doc_id in enumerate(ids)]  # no id: its position
             picked = [i for i, key in enumerate(keys) if hash_fraction(cfg.sample_seed, key) < rate]
@@ -99,23 +100,23 @@ def build_tokenizer(cfg: TokenizerConfig, batches: Iterator[list[str]]) -> Token
     return tokenizer
 
 
-def train_tokenizer(inputs: list[datasets.Manifest], output_url: str, cfg: TokenizerConfig, *, fingerprint: str) -> datasets.Manifest:
+def train_tokenizer(inputs: list[contract.Manifest], output_url: str, cfg: TokenizerConfig, *, fingerprint: str) -> contract.Manifest:
     """Train on a sample of the documents datasets ``inputs``; write a ``tokenizer`` dataset.
 
     Output: ``tokenizer.json`` (one shard, rows = vocabulary size). Stats: ``out`` (documents trained on),
     ``bytes.sampled``, ``dropped.empty_text``. Meta: vocab_size, bos_id, eos_id, pad_id.
     """
-    stats = datasets.Stats()
+    stats = Stats()
     tokenizer = build_tokenizer(cfg, sample_texts(inputs, cfg, stats))
     if not stats.get("out"):
-        raise datasets.DatasetError("no non-empty documents to train the tokenizer on; check the input datasets")
+        raise contract.DatasetError("no non-empty documents to train the tokenizer on; check the input datasets")
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
 
     def write(f) -> int:
         f.write(tokenizer.to_str().encode("utf-8"))
         return vocab_size
 
-    shard = datasets.write_shard(output_url, TOKENIZER_FILE, write)
+    shard = contract.write_shard(output_url, TOKENIZER_FILE, write)
     log.info("trained a %d-token tokenizer on %d documents", vocab_size, stats["out"])
     meta = {"vocab_size": vocab_size, **special_ids(tokenizer, cfg)}
-    return datasets.commit(output_url, "tokenizer", fingerprint, [shard], stats, inputs=list(inputs), config=cfg, meta=meta)
+    return contract.commit(output_url, "tokenizer", fingerprint, [shard], stats, inputs=list(inputs), config=cfg, meta=meta)

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from tasks import checkpoints, datasets
+from tasks import checkpoints, storage
 from tasks.trace.documents import Documents
 from tasks.trace.losses import read_losses
 from tasks.trace.run import Run, open_run
@@ -49,7 +49,7 @@ def _document_fields(docs: Documents, k: int) -> tuple[np.ndarray, list[str], li
 def interval_ends(run: Run, every: int | None = None) -> list[int]:
     """The last step of each evaluation interval (module docstring); ``every`` overrides the run's interval."""
     if every is None:
-        fs, path = datasets.filesystem(datasets.join(run.url, "train_config.json"))
+        fs, path = storage.filesystem(storage.join(run.url, "train_config.json"))
         if fs.exists(path):
             every = json.loads(fs.cat_file(path)).get("checkpoint", {}).get("interval_steps") or None
     if every:
@@ -122,9 +122,9 @@ def write_report(run_url: str, every: int | None = None) -> tuple[list[dict], st
     """Compute the table, write it and its plot into the run folder; returns (rows, the plot's URL)."""
     run = open_run(run_url)
     rows = loss_by_source(run, every)
-    with datasets.atomic_write(datasets.join(run.url, REPORT), "w") as f:
+    with storage.atomic_write(storage.join(run.url, REPORT), "w") as f:
         f.write(json.dumps(rows, indent=1))
-    plot_url = datasets.join(run.url, PLOT)
-    with datasets.atomic_write(plot_url) as f:
+    plot_url = storage.join(run.url, PLOT)
+    with storage.atomic_write(plot_url) as f:
         f.write(plot(rows, f"loss by source, quality and language: {run.url}"))
     return rows, plot_url

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks import datasets
+from tasks import contract, storage, verified_reads
 from tasks.tokenizer_files import TOKENIZER_FILE, load_tokenizer
 from tasks.tokens import lineage_name, read_token_shard, stream_shards
 from tasks.trace.run import TraceError
@@ -31,8 +31,8 @@ class _Stream:
     """One tokens dataset's training stream: its shards, where each begins, their lineage (loaded lazily)."""
 
     name: str
-    manifest: datasets.Manifest
-    shards: list[datasets.ShardInfo]
+    manifest: contract.Manifest
+    shards: list[contract.ShardInfo]
     starts: np.ndarray  # stream position of each shard's first token, and the total last
 
     def lineage(self, i: int, columns: list[str] | None = None):
@@ -41,7 +41,7 @@ class _Stream:
         if info is None:
             raise TraceError(f"tokens dataset {self.manifest.meta['url']} has no lineage shard for {self.shards[i].name}: "
                              "it was tokenized before smelt kept document lineage (issue 42); tokenize it again")
-        return datasets.read_parquet(datasets.shard_url(self.manifest, info), info, columns)
+        return verified_reads.read_parquet(contract.shard_url(self.manifest, info), info, columns)
 
 
 class Documents:
@@ -70,8 +70,8 @@ class Documents:
         if k not in self._streams:
             name = self.names[k]
             try:
-                manifest = datasets.open_dataset(self.urls[name], kind="tokens")
-            except datasets.DatasetError as e:
+                manifest = contract.open_dataset(self.urls[name], kind="tokens")
+            except contract.DatasetError as e:
                 raise TraceError(f"the run trained on tokens dataset {name!r} at {self.urls[name]}, which cannot be "
                                  f"read now: {e}") from e
             if self.fingerprints.get(name, manifest.fingerprint) != manifest.fingerprint:
@@ -167,7 +167,7 @@ class Documents:
 
     def _tokenizer(self, k: int):
         if k not in self._tokenizers:
-            self._tokenizers[k] = load_tokenizer(datasets.join(self.stream(k).manifest.meta["url"], TOKENIZER_FILE))
+            self._tokenizers[k] = load_tokenizer(storage.join(self.stream(k).manifest.meta["url"], TOKENIZER_FILE))
         return self._tokenizers[k]
 
     def _documents_url(self, k: int, documents: str) -> str:
@@ -181,10 +181,10 @@ class Documents:
         key = (documents, shard)
         if key not in self._texts:
             try:
-                manifest = datasets.open_dataset(documents, kind="documents")
+                manifest = contract.open_dataset(documents, kind="documents")
                 info = next(s for s in manifest.shards if s.name == shard)
-                self._texts[key] = datasets.read_parquet(datasets.shard_url(manifest, info), info, ["text"]).column("text").to_pylist()
-            except (datasets.DatasetError, StopIteration, FileNotFoundError):
+                self._texts[key] = verified_reads.read_parquet(contract.shard_url(manifest, info), info, ["text"]).column("text").to_pylist()
+            except (contract.DatasetError, StopIteration, FileNotFoundError):
                 self._texts[key] = None  # moved or deleted since: the lineage row still names the document
         texts = self._texts[key]
         return texts[row] if texts is not None else None
@@ -193,11 +193,11 @@ class Documents:
         """Members of the dedup cluster the document kept (1: it had no duplicate); None without dedup output."""
         if documents not in self._clusters:
             sizes = None
-            manifest = datasets.read_manifest(datasets.join(documents, "clusters"))
+            manifest = contract.read_manifest(storage.join(documents, "clusters"))
             if manifest is not None and manifest.kind == "clusters":
                 sizes = {}
                 for info in manifest.shards:
-                    table = datasets.read_parquet(datasets.shard_url(manifest, info), info, ["kept", "size"])
+                    table = verified_reads.read_parquet(contract.shard_url(manifest, info), info, ["kept", "size"])
                     sizes.update(zip(table.column("kept").to_pylist(), table.column("size").to_pylist()))
             self._clusters[documents] = sizes
         sizes = self._clusters[documents]

@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from tasks import datasets
+from tasks import storage
 
 FOLDER = "sample_losses"  # tasks.train.sample_losses.FOLDER (not imported: that module imports torch)
 _PART = re.compile(r"part-(\d+)-(\d+)-r(\d+)-(\d+)\.parquet$")
@@ -20,7 +20,7 @@ _PART = re.compile(r"part-(\d+)-(\d+)-r(\d+)-(\d+)\.parquet$")
 
 def _parts(run_url: str) -> list[tuple[int, int, int, str]]:
     """(first step, last step, written ns, path) of every part, oldest first."""
-    fs, path = datasets.filesystem(datasets.join(run_url, FOLDER))
+    fs, path = storage.filesystem(storage.join(run_url, FOLDER))
     if not fs.exists(path):
         return []
     out = []
@@ -36,7 +36,7 @@ def read_losses(run_url: str, first: int | None = None, last: int | None = None)
     (step, sample), the newest write winning, sorted by step then sample."""
     import pyarrow.parquet as pq
 
-    fs, _ = datasets.filesystem(datasets.join(run_url, FOLDER))
+    fs, _ = storage.filesystem(storage.join(run_url, FOLDER))
     columns: dict[str, list[np.ndarray]] = {"step": [], "sample": [], "loss": []}
     for lo, hi, _, path in _parts(run_url):
         if (first is not None and hi < first) or (last is not None and lo > last):

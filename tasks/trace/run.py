@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from tasks import branches as branch_records, datasets, jsonlog
+from tasks import branches as branch_records, jsonlog, storage
 
 METRICS, EVENTS, SKIPPED, LINEAGE = "metrics.jsonl", "events.jsonl", "skipped.jsonl", "lineage.json"
 
@@ -82,10 +82,10 @@ def final_trajectory(events: list[dict], records: list[dict]) -> tuple[dict[int,
 
 def open_run(url: str) -> Run:
     """Read a run folder; one sentence if it is not a run folder that recorded its samples."""
-    url = datasets.normalize_url(url)
-    fs, path = datasets.filesystem(datasets.join(url, LINEAGE))
+    url = storage.normalize_url(url)
+    fs, path = storage.filesystem(storage.join(url, LINEAGE))
     if not fs.exists(path):
-        if not fs.exists(datasets.filesystem(url)[1]):
+        if not fs.exists(storage.filesystem(url)[1]):
             raise TraceError(f"run folder {url} does not exist")
         raise TraceError(f"run folder {url} has no {LINEAGE}: it was trained before smelt recorded sample lineage "
                          "(issue 42), so its steps cannot be traced")

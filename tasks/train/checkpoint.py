@@ -60,7 +60,8 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType, AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
-from tasks import datasets, eval_holds
+from tasks import contract, eval_holds, storage
+from tasks.checksums import file_checksum
 from tasks.checkpoints import (
     DCP_METADATA,
     KIND,
@@ -90,9 +91,9 @@ FAULT_CRASH_ENV = "SMELT_FAULT_CRASH_IN_SAVE"
 
 def storage_writer(url: str) -> dcp.StorageWriter:
     """DCP's plain file writer for local paths (it fsyncs), its fsspec writer for any other URL."""
-    url = datasets.normalize_url(url)
+    url = storage.normalize_url(url)
     if url.startswith("file://"):
-        return dcp.FileSystemWriter(datasets.filesystem(url)[1], sync_files=True, overwrite=True)
+        return dcp.FileSystemWriter(storage.filesystem(url)[1], sync_files=True, overwrite=True)
     return FsspecWriter(url, sync_files=True, overwrite=True, **remote_options(url))
 
 
@@ -240,7 +241,7 @@ class CheckpointManager:
         if cfg.async_mode == "process" and not distributed:
             raise ValueError("checkpoint.async_mode 'process' needs torch.distributed initialized (its writer "
                              "process joins a gloo group); run under torchrun or use 'thread'")
-        self.run_dir_url = datasets.normalize_url(run_dir_url)
+        self.run_dir_url = storage.normalize_url(run_dir_url)
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
@@ -387,7 +388,7 @@ class CheckpointManager:
 
     def _uncommit(self, url: str) -> None:
         """Drop a stale manifest of a step about to be rewritten (a rollback or a restarted run)."""
-        fs, path = datasets.filesystem(datasets.join(url, datasets.MANIFEST))
+        fs, path = storage.filesystem(storage.join(url, contract.MANIFEST))
         if fs.exists(path):
             self.fence.check()
             log.warning("checkpoint %s exists and is rewritten", url)
@@ -415,7 +416,7 @@ class CheckpointManager:
                          "checkpoint.bytes": sum(s.bytes for s in shards)}
                 self.fence.check()  # a writer whose lease epoch is over commits nothing (and deletes nothing)
                 self._remove_strays(url, {s.name for s in shards})
-                datasets.commit(url, KIND, self.config_fingerprint, shards, stats, config=meta.pop("config", None),
+                contract.commit(url, KIND, self.config_fingerprint, shards, stats, config=meta.pop("config", None),
                                 meta=meta)
                 log.info("checkpoint step %d committed at %s (%.1f MB, write %.2fs)", step, url,
                          stats["checkpoint.bytes"] / 1e6, write_s)
@@ -433,7 +434,7 @@ class CheckpointManager:
         if error is not None:
             raise RuntimeError(f"checkpoint step {step} at {url} did not commit: {error[1]}")
 
-    def _hash_own_files(self, url: str, metadata) -> list[datasets.ShardInfo]:
+    def _hash_own_files(self, url: str, metadata) -> list[contract.ShardInfo]:
         """Size and checksum of the files this rank wrote (``__<rank>_*``, plus ``.metadata`` on rank 0)."""
         rows = Counter(info.relative_path for info in metadata.storage_data.values())
         prefix = f"__{dist.get_rank(self._group) if self._distributed else 0}_"  # DCP names files by group rank
@@ -442,17 +443,17 @@ class CheckpointManager:
             names.append(DCP_METADATA)
         out = []
         for name in names:
-            fs, path = datasets.filesystem(datasets.join(url, name))
-            out.append(datasets.ShardInfo(name=name, rows=rows.get(name, 0), bytes=int(fs.size(path)),
-                                          checksum=datasets.file_checksum(fs, path)))
+            fs, path = storage.filesystem(storage.join(url, name))
+            out.append(contract.ShardInfo(name=name, rows=rows.get(name, 0), bytes=int(fs.size(path)),
+                                          checksum=file_checksum(fs, path)))
         return out
 
     def _remove_strays(self, url: str, keep: set[str]) -> None:
         """Files of an older save of the same step (e.g. from more ranks) that this save did not write."""
-        fs, path = datasets.filesystem(url)
+        fs, path = storage.filesystem(url)
         for entry in fs.ls(path, detail=False):
             name = entry.rstrip("/").rsplit("/", 1)[-1]
-            if name not in keep and name != datasets.MANIFEST:
+            if name not in keep and name != contract.MANIFEST:
                 fs.rm(entry, recursive=True)
 
     def _apply_retention(self, newest: int) -> None:
@@ -475,8 +476,8 @@ class CheckpointManager:
                 continue
             if step > newest:
                 log.warning("deleting checkpoint %s: newer than step %d, from an abandoned trajectory", url, newest)
-            fs, path = datasets.filesystem(url)
-            manifest = datasets.join(path, datasets.MANIFEST)
+            fs, path = storage.filesystem(url)
+            manifest = storage.join(path, contract.MANIFEST)
             if fs.exists(manifest):
                 fs.rm(manifest)  # uncommit first: a half-deleted folder must never look committed
             fs.rm(path, recursive=True)
@@ -500,14 +501,14 @@ class CheckpointManager:
         if step is None:
             step = self.latest_step()
             if step is None:
-                raise datasets.DatasetError(f"no committed checkpoint under {checkpoints_url(self.run_dir_url)}")
+                raise contract.DatasetError(f"no committed checkpoint under {checkpoints_url(self.run_dir_url)}")
             url = step_url(self.run_dir_url, step)
         else:
             self._finish_pending()
             url = step_url(self.run_dir_url, step)
             if step != self._verified_step and not self._good(url):  # latest_step() just verified it
-                raise datasets.DatasetError(f"checkpoint {url} is missing or corrupt (see the log); load another step")
-        manifest = datasets.read_manifest(url)
+                raise contract.DatasetError(f"checkpoint {url} is missing or corrupt (see the log); load another step")
+        manifest = contract.read_manifest(url)
         if manifest.fingerprint != self.config_fingerprint:
             raise ValueError(f"checkpoint {url} was written with config fingerprint {manifest.fingerprint}, this run "
                              f"has {self.config_fingerprint}: model, data, tokenizer or global batch changed "

@@ -13,7 +13,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from tasks.datasets import normalize_url
+from tasks.storage import normalize_url
 from tasks.model_config import PRESETS, ModelConfig, preset
 from tasks.train import hf_folder
 

@@ -7,21 +7,21 @@ from __future__ import annotations
 
 import json
 
-from tasks import datasets
+from tasks import storage
 
 EXCLUDE_HOSTS = "exclude_hosts.json"
 
 
 def excluded_hosts(run_dir: str) -> list[str]:
     """Hosts listed in ``<run_dir>/exclude_hosts.json`` (none if there is no such file)."""
-    fs, path = datasets.filesystem(datasets.join(datasets.normalize_url(run_dir), EXCLUDE_HOSTS))
+    fs, path = storage.filesystem(storage.join(storage.normalize_url(run_dir), EXCLUDE_HOSTS))
     return list(json.loads(fs.cat_file(path))["hosts"]) if fs.exists(path) else []
 
 
 def write_excluded(run_dir: str, flagged: list[dict], reason: str) -> list[str]:
     """Write the hosts (and ranks) of ``flagged`` (``{"host", "rank"}`` each) as the list; returns the hosts."""
     hosts = sorted({f["host"] for f in flagged})
-    with datasets.atomic_write(datasets.join(run_dir, EXCLUDE_HOSTS), "w") as f:
+    with storage.atomic_write(storage.join(run_dir, EXCLUDE_HOSTS), "w") as f:
         f.write(json.dumps({"hosts": hosts, "ranks": sorted({f["rank"] for f in flagged}), "reason": reason},
                            indent=2))
     return hosts

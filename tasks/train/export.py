@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from tasks import checkpoints, datasets
+from tasks import checkpoints, contract, storage
 from tasks.model_config import ModelConfig
 from tasks.train import hf
 
@@ -68,11 +68,11 @@ def _shard_file(i: int, n: int) -> str:
     return hf.SINGLE_FILE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
 
 
-def _tokens_dataset(meta: dict) -> datasets.Manifest | None:
+def _tokens_dataset(meta: dict) -> contract.Manifest | None:
     """The run's (first) tokens dataset, whose tokenizer and special ids the export carries."""
     data = meta.get("data") or {}
     for url in data.values():
-        return datasets.open_dataset(url, kind="tokens")
+        return contract.open_dataset(url, kind="tokens")
     return None
 
 
@@ -107,7 +107,7 @@ def _write_file(f, blob: bytes, rows: int = 1) -> int:
 
 
 def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None = None,
-                      max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> datasets.Manifest:
+                      max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> contract.Manifest:
     """Write the Hugging Face folder (manifest last) for a checkpoint; returns the manifest."""
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"export dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
@@ -117,19 +117,19 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
     step_url = checkpoints.resolve(checkpoint_url)
     meta, prefix, entries = checkpoints.model_entries(step_url)
     if not isinstance(meta.get("model"), dict):
-        raise datasets.DatasetError(f"checkpoint {step_url} has no model config ('model') in its manifest meta; "
+        raise contract.DatasetError(f"checkpoint {step_url} has no model config ('model') in its manifest meta; "
                                     "the trainer must save meta={'model': dataclasses.asdict(model_cfg), ...}")
     model_cfg = ModelConfig(**meta["model"])
     for name in entries:
         try:
             hf.hf_name(name)
         except ValueError as e:
-            raise datasets.DatasetError(f"checkpoint {step_url} is not a smelt Llama model: {e}") from None
+            raise contract.DatasetError(f"checkpoint {step_url} is not a smelt Llama model: {e}") from None
     names = sorted((n for n in entries if not (model_cfg.tie_embeddings and n == "output.weight")), key=hf.hf_order)
     saved = {entries[n].properties.dtype for n in names}
     final_dtype = out_dtype or (saved.pop() if len(saved) == 1 else torch.float32)
     groups = _plan_shards(entries, names, final_dtype, max_shard_bytes)
-    output_url = datasets.normalize_url(output_url)
+    output_url = storage.normalize_url(output_url)
 
     shards, weight_map, total = [], {}, 0
     for i, group in enumerate(groups):
@@ -142,12 +142,12 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
             tensors[key] = value
             weight_map[key] = file
             total += value.numel() * value.element_size()
-        shards.append(datasets.write_shard(output_url, file, functools.partial(_write_safetensors, tensors=tensors)))
+        shards.append(contract.write_shard(output_url, file, functools.partial(_write_safetensors, tensors=tensors)))
         del tensors
         log.info("export: wrote %s (%d tensors)", file, len(group))
     if len(groups) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        shards.append(datasets.write_shard(output_url, hf.INDEX, functools.partial(_write_file, blob=_json_bytes(index))))
+        shards.append(contract.write_shard(output_url, hf.INDEX, functools.partial(_write_file, blob=_json_bytes(index))))
 
     tokens = _tokens_dataset(meta)
     ids = {k: (tokens.meta.get(k) if tokens else None) for k in ("bos_id", "eos_id", "pad_id")}
@@ -157,7 +157,7 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
     }
     from tasks.tokenizer_files import TOKENIZER_FILE, hf_tokenizer_files
 
-    fs, path = datasets.filesystem(datasets.join(tokens.meta["url"], TOKENIZER_FILE)) if tokens else (None, None)
+    fs, path = storage.filesystem(storage.join(tokens.meta["url"], TOKENIZER_FILE)) if tokens else (None, None)
     if tokens is not None and fs.exists(path):
         add_bos = bool((tokens.lineage.get("config") or {}).get("add_bos", False))
         files.update(hf_tokenizer_files(fs.cat_file(path).decode("utf-8"), add_bos=add_bos,
@@ -175,11 +175,11 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
     }
     files[META] = _json_bytes(smelt_meta)
     for name, blob in files.items():
-        shards.append(datasets.write_shard(output_url, name, functools.partial(_write_file, blob=blob)))
+        shards.append(contract.write_shard(output_url, name, functools.partial(_write_file, blob=blob)))
     inputs = [str(meta.get("config_fingerprint")), str(meta.get("step")), step_url]
-    fp = datasets.fingerprint("export", {"dtype": hf.TORCH_DTYPES[final_dtype], "max_shard_bytes": max_shard_bytes},
-                              inputs, datasets.code_version("tasks.train.export", "tasks.train.hf"))
-    manifest = datasets.commit(output_url, KIND, fp, shards, {"params": params, "tensors": len(names),
+    fp = contract.fingerprint("export", {"dtype": hf.TORCH_DTYPES[final_dtype], "max_shard_bytes": max_shard_bytes},
+                              inputs, contract.code_version("tasks.train.export", "tasks.train.hf"))
+    manifest = contract.commit(output_url, KIND, fp, shards, {"params": params, "tensors": len(names),
                                                              "weight_files": len(groups)},
                                inputs=[step_url] + ([tokens] if tokens else []),
                                meta={"step": meta.get("step"), "tokens": meta.get("tokens"), "checkpoint": step_url,
@@ -191,9 +191,9 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
 def load_exported(url: str, *, verify: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """``(weights under smelt's names and layout, smelt_meta)`` of an export; no torch.distributed,
     no unpickling."""
-    manifest = datasets.open_dataset(url, kind=KIND)
-    if verify and (bad := datasets.verify(manifest)):
-        raise datasets.DatasetError(f"export at {manifest.meta['url']} is corrupt: {', '.join(bad)} "
+    manifest = contract.open_dataset(url, kind=KIND)
+    if verify and (bad := contract.verify(manifest)):
+        raise contract.DatasetError(f"export at {manifest.meta['url']} is corrupt: {', '.join(bad)} "
                                     "fail their checksums; export it again")
     folder = hf.local_folder(manifest.meta["url"])
     return hf.HFWeights(folder).state_dict(), json.loads((folder / META).read_text())
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = export_checkpoint(args.checkpoint, args.output, dtype=args.dtype,
                                      max_shard_bytes=parse_size(args.max_shard_size))
-    except (ValueError, datasets.DatasetError) as e:
+    except (ValueError, contract.DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"output": manifest.meta["url"], "step": manifest.meta["step"],

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tasks import datasets
+from tasks import storage
 from tasks.train.callbacks import Callback
 from tasks.train.checkpoint import FAULT_CRASH_ENV
 from tasks.train.config import FaultConfig
@@ -113,7 +113,7 @@ class FaultInjector(Callback):
 
     def __init__(self, faults: list[Fault], run_dir: str, rank: int) -> None:
         self.rank = rank
-        self.dir_url = datasets.join(datasets.normalize_url(run_dir), FAULTS_DIR)
+        self.dir_url = storage.join(storage.normalize_url(run_dir), FAULTS_DIR)
         mine = [f for f in faults if f.rank in (None, rank)]
         fired = self._fired() if mine else set()
         self.faults = [f for f in mine if f.kind == "slow" or f.marker(rank) not in fired]
@@ -198,7 +198,7 @@ class FaultInjector(Callback):
         self.faults.remove(fault)
         record = {"kind": fault.kind, "rank": self.rank, "step": step, "at": fault.at, "pid": os.getpid(),
                   "host": socket.gethostname(), "time": time.time()}
-        with datasets.atomic_write(datasets.join(self.dir_url, fault.marker(self.rank)), "w") as f:
+        with storage.atomic_write(storage.join(self.dir_url, fault.marker(self.rank)), "w") as f:
             f.write(json.dumps(record))
         log.warning("fault injection: %s on rank %d at step %d (pid %d)", fault.kind + (
             "" if fault.at == "step" else f"@{fault.at}"), self.rank, step, os.getpid())
@@ -225,7 +225,7 @@ class FaultInjector(Callback):
         log.warning("fault injection: flipped a byte of %s", path)
 
     def _fired(self) -> set[str]:
-        fs, path = datasets.filesystem(self.dir_url)
+        fs, path = storage.filesystem(self.dir_url)
         if not fs.exists(path):
             return set()
         return {entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)}
@@ -233,8 +233,8 @@ class FaultInjector(Callback):
 
 def fired_faults(run_dir: str) -> list[dict]:
     """The fault records of a run (what fired, where, when), oldest first."""
-    url = datasets.join(datasets.normalize_url(run_dir), FAULTS_DIR)
-    fs, path = datasets.filesystem(url)
+    url = storage.join(storage.normalize_url(run_dir), FAULTS_DIR)
+    fs, path = storage.filesystem(url)
     if not fs.exists(path):
         return []
     entries = [e for e in fs.ls(path, detail=False) if e.rstrip("/").rsplit("/", 1)[-1].startswith("fired-")]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.model_config import ModelConfig
 
 CONFIG = "config.json"
@@ -48,13 +48,13 @@ def model_config(hf: dict, *, vocab_size: int | None = None) -> ModelConfig:
 
 def local_folder(url: str) -> Path:
     """The local path of a Hugging Face folder URL (safetensors are read in place, slice by slice)."""
-    url = datasets.normalize_url(url)
+    url = storage.normalize_url(url)
     if not url.startswith("file://"):
         raise ValueError(f"{url}: a Hugging Face folder must be on the local filesystem (copy it there first)")
     path = Path(url.removeprefix("file://"))
     if not (path / CONFIG).is_file():
         raise ValueError(f"{path} has no config.json; pass a Hugging Face model folder (e.g. one `smelt export` wrote)")
-    if (path / SMELT_META).is_file() and not (path / datasets.MANIFEST).is_file():
+    if (path / SMELT_META).is_file() and not (path / contract.MANIFEST).is_file():
         raise ValueError(f"{path} is an unfinished smelt export (no manifest.json); export it again")
     return path
 

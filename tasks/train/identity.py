@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.model_config import ModelConfig
 from tasks.train.config import DataConfig, TrainConfig
 
@@ -38,15 +38,15 @@ def config_fingerprint(model_cfg: ModelConfig, data: DataConfig, dataset_fingerp
     """The run identity of a model shape, its data (name → tokens fingerprint), its batch contract and its
     initial weights (``seed``, ``init_from``). The one definition: the flow's run folder and the trainer's
     resume check both call it."""
-    contract = {"seq_len": data.seq_len, "global_batch": data.global_batch, "seed": data.seed,
-                "mixture": dict(sorted(data.mixture.items()))}
-    weights = {"seed": seed, "init_from": datasets.normalize_url(init_from) if init_from else ""}
+    batch = {"seq_len": data.seq_len, "global_batch": data.global_batch, "seed": data.seed,
+             "mixture": dict(sorted(data.mixture.items()))}
+    weights = {"seed": seed, "init_from": storage.normalize_url(init_from) if init_from else ""}
     inputs = [f"{name}:{fp}" for name, fp in sorted(dataset_fingerprints.items())]
-    return datasets.fingerprint(STAGE, {"model": dataclasses.asdict(model_cfg), "data": contract, "init": weights},
+    return contract.fingerprint(STAGE, {"model": dataclasses.asdict(model_cfg), "data": batch, "init": weights},
                                 inputs, "")
 
 
-def run_identity(cfg: TrainConfig, manifests: Mapping[str, datasets.Manifest]) -> str:
+def run_identity(cfg: TrainConfig, manifests: Mapping[str, contract.Manifest]) -> str:
     """The identity of training ``cfg`` on the tokens datasets ``manifests`` (name → manifest): the model is
     the one the trainer builds for their vocabulary (``cfg.model_for_data``)."""
     vocab = max(int(m.meta["vocab_size"]) for m in manifests.values())

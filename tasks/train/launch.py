@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tasks import branches, datasets as contract
+from tasks import branches, contract, storage
 from tasks.config import from_dict
 from tasks.lease import ENV_EPOCH, Lease, LeaseError, LeaseHeld, LeaseLost, acquire
 from tasks.repo import REPO_ROOT, python_path
@@ -92,7 +92,7 @@ def start_torchrun(nproc: int, args: list[str], run_dir: str, max_restarts: int 
                    *, nnodes: str = "1", rdzv_conf: str | None = None,
                    env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start this node's torchrun agent in a session of its own; its output is the Popen's stdout."""
-    run_id = hashlib.sha256(contract.normalize_url(run_dir).encode()).hexdigest()[:12]
+    run_id = hashlib.sha256(storage.normalize_url(run_dir).encode()).hexdigest()[:12]
     cmd = torchrun_command(nproc, args, run_id, max_restarts, rdzv_port or free_port(), nnodes, rdzv_conf)
     env = {**rank_malloc_env(), **os.environ, **TORCHRUN_ENV, **(env or {}),
            "PYTHONPATH": python_path()}
@@ -195,7 +195,7 @@ def preflight(cfg: TrainConfig, data: dict[str, str], world_sizes: list[int]) ->
 
 CONFIG = "train_config.json"
 RUN_KIND = "model"  # the kind of the manifest flows/train.py commits in a run folder when a launch finishes
-CODE = "tasks.train"  # what the ranks run: tasks/train and the shared core (tasks/*.py), see datasets.code_version
+CODE = "tasks.train"  # what the ranks run: tasks/train and the shared core (tasks/*.py), see contract.code_version
 
 
 def code_version() -> str:
@@ -209,11 +209,11 @@ def prepare_run(data: dict[str, str], config: dict, run_dir: str, *, write: bool
     it); returns the ``tasks.train.main`` arguments that train it on ``data`` (name → tokens URL).
     A folder that already holds a run continues it (``continue_run``). ``write=False``: only the
     arguments (a dry run)."""
-    run_dir = contract.normalize_url(run_dir)
-    config_url = contract.join(run_dir, CONFIG)
+    run_dir = storage.normalize_url(run_dir)
+    config_url = storage.join(run_dir, CONFIG)
     if write:
         continue_run(run_dir, config, log_line)
-        with contract.atomic_write(config_url, "w") as f:
+        with storage.atomic_write(config_url, "w") as f:
             f.write(json.dumps(config, indent=2, sort_keys=True))
     data_args = [arg for name, url in data.items() for arg in ("--data", f"{name}={url}")]
     return ["--config", config_url, *data_args, "--run-dir", run_dir]
@@ -239,7 +239,7 @@ def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = l
     from tasks.checkpoints import list_committed  # torch; the flow has imported it by now
     from tasks.train.identity import config_changes
 
-    fs, path = contract.filesystem(contract.join(run_dir, CONFIG))
+    fs, path = storage.filesystem(storage.join(run_dir, CONFIG))
     if not fs.exists(path):
         return  # a new run
     previous = json.loads(fs.cat_file(path))
@@ -249,7 +249,7 @@ def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = l
     checkpoint_step = committed[-1]["step"] if committed else None
     finished = contract.read_manifest(run_dir)
     if finished is not None and finished.kind == RUN_KIND and int(finished.meta.get("step", 0)) < steps:
-        mfs, mpath = contract.filesystem(contract.join(run_dir, contract.MANIFEST))
+        mfs, mpath = storage.filesystem(storage.join(run_dir, contract.MANIFEST))
         mfs.rm(mpath)
         goodput.append_event(run_dir, {"event": "continue", "time": now, "finished_step": finished.meta.get("step"),
                                        "steps": steps})
@@ -261,7 +261,7 @@ def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = l
     kept = None
     if changes:
         kept = f"train_config.{len(fs.glob(path[:-len('.json')] + '.*.json')) + 1}.json"
-        with contract.atomic_write(contract.join(run_dir, kept), "w") as f:
+        with storage.atomic_write(storage.join(run_dir, kept), "w") as f:
             f.write(json.dumps(previous, indent=2, sort_keys=True))
     if changes or code_changed:
         goodput.append_event(run_dir, {"event": "config_changed", "time": now, "changes": changes,
@@ -316,7 +316,7 @@ def take_run_lease(run_dir: str, *, wait_s: float = 0.0, timeout_s: float = LEAS
     """The run folder's lease (tasks/lease.py) for one launcher, to be renewed within ``timeout_s``; another
     launcher holding it is a LaunchError naming it, at once or after waiting ``wait_s``."""
     try:
-        return acquire(contract.normalize_url(run_dir), timeout_s=timeout_s, wait=wait_s,
+        return acquire(storage.normalize_url(run_dir), timeout_s=timeout_s, wait=wait_s,
                        on_wait=lambda held: log(f"waiting for the run folder's lease: {held.describe()}"))
     except LeaseHeld as e:
         raise LaunchError(str(e), permanent=True) from None
@@ -369,7 +369,7 @@ def launch_training(
         raise ValueError(f"launch.restart is {restart!r}; choose one of {', '.join(RESTARTS)}")
     low, _, high = nnodes.partition(":")
     preflight(from_dict(TrainConfig, config), data, sorted({int(low) * nproc, int(high or low) * nproc}))
-    run_dir = contract.normalize_url(run_dir)
+    run_dir = storage.normalize_url(run_dir)
     own = lease is None
     if own:
         lease = take_run_lease(run_dir, wait_s=lease_wait_s, timeout_s=lease_timeout_s, log=log)
@@ -417,6 +417,6 @@ def _launch_leased(data: dict[str, str], config: dict, run_dir: str, nproc: int,
         launcher = "torchrun" if restart == "torchrun" or nnodes != "1" else "smelt's agent"
         raise LaunchError(f"training in {run_dir} ({launcher}) exited with status {returncode} after {seconds:.0f} s "
                           f"({max_restarts} restarts allowed); the ranks' errors are in the log above")
-    fs, path = contract.filesystem(contract.join(run_dir, "summary.json"))
+    fs, path = storage.filesystem(storage.join(run_dir, "summary.json"))
     summary = json.loads(fs.cat_file(path))
     return {"returncode": returncode, "summary": summary, "seconds": seconds, "restarts": summary.get("restarts", 0)}

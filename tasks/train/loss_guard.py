@@ -25,7 +25,7 @@ import statistics
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from tasks import datasets
+from tasks import storage
 from tasks.train.config import LossGuardConfig
 
 log = logging.getLogger(__name__)
@@ -104,10 +104,10 @@ class SkipList:
     """The run's skipped sample ranges; moves a loader past any range it is about to read."""
 
     def __init__(self, run_dir: str, *, writer: bool) -> None:
-        self.url = datasets.join(datasets.normalize_url(run_dir), SKIPPED)
+        self.url = storage.join(storage.normalize_url(run_dir), SKIPPED)
         self.writer = writer
         self.ranges: list[SkippedRange] = []
-        fs, path = datasets.filesystem(self.url)
+        fs, path = storage.filesystem(self.url)
         if fs.exists(path):
             for line in fs.cat_file(path).decode().splitlines():
                 record = json.loads(line)
@@ -117,7 +117,7 @@ class SkipList:
     def add(self, skipped: SkippedRange) -> None:
         self.ranges.append(skipped)
         if self.writer:
-            fs, path = datasets.filesystem(self.url)
+            fs, path = storage.filesystem(self.url)
             fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             with fs.open(path, "a") as f:
                 f.write(json.dumps(skipped.to_json(), sort_keys=True) + "\n")

@@ -31,7 +31,7 @@ import logging
 import os
 import sys
 
-from tasks import datasets as contract
+from tasks import contract
 from tasks.branches import parse_skip_steps
 from tasks.config import ConfigError, load
 from tasks.lease import Fenced

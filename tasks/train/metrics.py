@@ -16,7 +16,7 @@ from functools import cache
 
 import torch
 
-from tasks import datasets as contract
+from tasks import storage
 from tasks import jsonlog
 from tasks.progress import StepProgress
 from tasks.tb_events import EventWriter
@@ -93,7 +93,7 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str, *, enabled: bool) -> None:
         self.enabled = enabled
-        self.url = contract.join(contract.normalize_url(run_dir), METRICS)
+        self.url = storage.join(storage.normalize_url(run_dir), METRICS)
         self._log = None
         self._tb = None
         self._progress = None
@@ -101,7 +101,7 @@ class MetricsLogger:
         if not enabled:
             return
         self._log = jsonlog.Segment(run_dir, METRICS)
-        self._tb = EventWriter(contract.join(contract.normalize_url(run_dir), TENSORBOARD, TRAIN_RUN))
+        self._tb = EventWriter(storage.join(storage.normalize_url(run_dir), TENSORBOARD, TRAIN_RUN))
         steps = _configured_steps(run_dir)
         if steps:
             self._progress = StepProgress(steps, log.info)
@@ -133,7 +133,7 @@ class MetricsLogger:
 
 def _configured_steps(run_dir: str) -> int | None:
     """``train.steps`` of the launch, from the run folder's ``train_config.json`` (the launcher writes it)."""
-    fs, path = contract.filesystem(contract.join(contract.normalize_url(run_dir), "train_config.json"))
+    fs, path = storage.filesystem(storage.join(storage.normalize_url(run_dir), "train_config.json"))
     try:
         return int(json.loads(fs.cat_file(path))["steps"])
     except (FileNotFoundError, KeyError, ValueError, TypeError):

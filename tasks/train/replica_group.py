@@ -41,7 +41,7 @@ from torch.distributed import ReduceOp
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from tasks import datasets as contract
+from tasks import contract, storage
 from tasks import jsonlog
 from tasks.lease import Fence
 from tasks.llama import Transformer
@@ -64,19 +64,19 @@ QUORUM_RETRY_S = 0.2  # between quorum attempts while the Lighthouse is away
 
 
 def group_dir(run_dir: str, replica_id: int) -> str:
-    return contract.join(contract.normalize_url(run_dir), "replicas", f"group-{replica_id}")
+    return storage.join(storage.normalize_url(run_dir), "replicas", f"group-{replica_id}")
 
 
 def mark_up(run_dir: str, replica_id: int) -> None:
     """Record that this start of the group is up (its Manager heartbeating): ``up/<pid>.json``, one per start."""
-    url = contract.join(group_dir(run_dir, replica_id), "up", f"{os.getpid()}.json")
-    with contract.atomic_write(url, "w") as f:
+    url = storage.join(group_dir(run_dir, replica_id), "up", f"{os.getpid()}.json")
+    with storage.atomic_write(url, "w") as f:
         f.write(json.dumps({"pid": os.getpid(), "time": time.time()}))
 
 
 def up_count(run_dir: str, replica_id: int) -> int:
     """How many starts of the group came up (``mark_up``'s markers)."""
-    fs, path = contract.filesystem(contract.join(group_dir(run_dir, replica_id), "up"))
+    fs, path = storage.filesystem(storage.join(group_dir(run_dir, replica_id), "up"))
     return len(fs.ls(path, detail=False)) if fs.exists(path) else 0
 
 
@@ -138,7 +138,7 @@ class ReplicaGroup:
             raise ValueError("[train.ft] replica groups do not run pipeline parallelism (parallel.pp = 1): "
                              "torchft's commit vote and healing cover one model per group rank")
         self.cfg, self.replica_id = cfg, replica_id
-        self.run_dir = contract.normalize_url(run_dir)
+        self.run_dir = storage.normalize_url(run_dir)
         self.device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.watchdog.collective_timeout_s))
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import psutil
 
-from tasks import datasets as contract
+from tasks import storage
 from tasks import jsonlog
 from tasks.repo import REPO_ROOT, python_path
 from tasks.train.config import ReplicaConfig, TrainConfig
@@ -127,7 +127,7 @@ def group_command(nproc: int, args: list[str], replica_id: int, run_dir: str) ->
         env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         return [sys.executable, *entry], env
-    run_id = hashlib.sha256(f"{contract.normalize_url(run_dir)}#{replica_id}".encode()).hexdigest()[:12]
+    run_id = hashlib.sha256(f"{storage.normalize_url(run_dir)}#{replica_id}".encode()).hexdigest()[:12]
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
             "--max-restarts", "0", *entry], {}
@@ -142,7 +142,7 @@ class ReplicaGroups:
         if nproc % groups:
             raise ValueError(f"launch.nproc ({nproc}) must be a multiple of parallel.dp_replicate ({groups}): "
                              "each replica group gets the same number of ranks")
-        self.cfg, self.args, self.run_dir = cfg, args, contract.normalize_url(run_dir)
+        self.cfg, self.args, self.run_dir = cfg, args, storage.normalize_url(run_dir)
         self.group_nproc, self.log_line = nproc // groups, log_line
         self.lighthouse = Lighthouse(cfg.ft, log_line=log_line)
         self.groups = [Group(i) for i in range(groups)]
@@ -307,7 +307,7 @@ def stopped_processes(proc: subprocess.Popen) -> list[int]:
 def newest_step(run_dir: str, replica_id: int) -> int:
     """The step of the group's newest committed-step record (0 if none); read from the file's tail on local disk,
     so a supervision round costs the same on step 10 and step 10 million."""
-    fs, path = contract.filesystem(contract.join(group_dir(run_dir, replica_id), "metrics.jsonl"))
+    fs, path = storage.filesystem(storage.join(group_dir(run_dir, replica_id), "metrics.jsonl"))
     if not fs.isfile(path):  # none yet, or an object store's segments (tasks/jsonlog.py): read whole
         records = group_records(run_dir, replica_id)
         return records[-1]["step"] if records else 0
@@ -405,7 +405,7 @@ def merge_records(run_dir: str, groups: int, global_batch: int, *, write: bool =
                        "lr": first["lr"], "tokens": first["tokens"], "time": min(r["time"] for r in records),
                        "step_time_s": max(r["step_time_s"] for r in records)})
     if write and not problems:
-        with contract.atomic_write(contract.join(contract.normalize_url(run_dir), "metrics.jsonl"), "w") as f:
+        with storage.atomic_write(storage.join(storage.normalize_url(run_dir), "metrics.jsonl"), "w") as f:
             f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in merged))
     return {"steps": len(merged), "last_step": last, "problems": problems, "pauses": pauses,
             "final_loss": merged[-1]["loss"] if merged else None, "redone_steps": sorted(redone),
@@ -418,7 +418,7 @@ def write_lineage(run_dir: str, cfg: TrainConfig, data: dict[str, str]) -> None:
                      global_batch=cfg.data.global_batch, dp_rank=0, dp_size=1, seed=cfg.data.seed,
                      prefetch=0) as loader:
         order = loader.order()
-    with contract.atomic_write(contract.join(contract.normalize_url(run_dir), LINEAGE), "w") as f:
+    with storage.atomic_write(storage.join(storage.normalize_url(run_dir), LINEAGE), "w") as f:
         f.write(json.dumps(order, indent=2, sort_keys=True))
 
 
@@ -439,6 +439,6 @@ def run_replica_groups(cfg: TrainConfig, data: dict[str, str], args: list[str], 
         g.restarts for g in supervisor.groups), "lighthouse_restarts": supervisor.lighthouse.restarts,
         "replica_groups": cfg.parallel.dp_replicate, "pauses": merged["pauses"],
         "redone_steps": merged["redone_steps"], "storage_resumes": merged["storage_resumes"]}
-    with contract.atomic_write(contract.join(contract.normalize_url(run_dir), "summary.json"), "w") as f:
+    with storage.atomic_write(storage.join(storage.normalize_url(run_dir), "summary.json"), "w") as f:
         f.write(json.dumps(summary, indent=2, sort_keys=True))
     return 0

@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from tasks import datasets as contract
+from tasks import storage
 from tasks.train.callbacks import Callback
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ FLUSH_STEPS = 500  # at most this many steps are held before a part is written, 
 def write_lineage(run_dir: str, loader) -> dict:
     """``lineage.json``: how global sample indices map to datasets and windows (``TokenLoader.order``)."""
     record = loader.order()
-    with contract.atomic_write(contract.join(contract.normalize_url(run_dir), LINEAGE), "w") as f:
+    with storage.atomic_write(storage.join(storage.normalize_url(run_dir), LINEAGE), "w") as f:
         f.write(json.dumps(record, indent=2, sort_keys=True))
     return record
 
@@ -55,7 +55,7 @@ class SampleLosses(Callback):
     ``first_row``: this data-parallel rank's offset in the global batch (``dp_rank × local_batch``)."""
 
     def __init__(self, run_dir: str, *, rank: int, records: bool, first_row: int, flush_steps: int = FLUSH_STEPS) -> None:
-        self.dir = contract.join(contract.normalize_url(run_dir), FOLDER)
+        self.dir = storage.join(storage.normalize_url(run_dir), FOLDER)
         self.rank, self.records, self.first_row, self.flush_steps = rank, records, first_row, flush_steps
         self.enabled = True
         self._pending: list[tuple[int, int, torch.Tensor]] = []  # (step, first sample, per-sequence losses)
@@ -107,7 +107,7 @@ class SampleLosses(Callback):
         first, last = int(steps.min()), int(steps.max())
         table = pa.table({"step": steps, "sample": samples, "loss": losses})
         name = f"part-{first:08d}-{last:08d}-r{self.rank:05d}-{time.time_ns():020d}.parquet"  # steps first: readers pick by name
-        with contract.atomic_write(contract.join(self.dir, name)) as f:
+        with storage.atomic_write(storage.join(self.dir, name)) as f:
             pq.write_table(table, f, compression="zstd")
         self._pending.clear()
         self._steps.clear()

@@ -35,7 +35,7 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-from tasks import datasets
+from tasks import storage
 from tasks.train.config import StragglerConfig
 from tasks.train.exclude_hosts import EXCLUDE_HOSTS, write_excluded
 
@@ -58,7 +58,7 @@ class StragglerDetector:
     def __init__(self, cfg: StragglerConfig, run_dir: str, *, rank: int, world_size: int) -> None:
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
-        self.run_dir = datasets.normalize_url(run_dir)
+        self.run_dir = storage.normalize_url(run_dir)
         self.enabled = world_size > 1
         self.hosts = [socket.gethostname()]
         if self.enabled:
@@ -111,14 +111,14 @@ class StragglerDetector:
 
     def _earlier_flags(self) -> list[dict]:
         """Flags raised by earlier process groups of this run (they are kept in the report)."""
-        fs, path = datasets.filesystem(datasets.join(self.run_dir, REPORT))
+        fs, path = storage.filesystem(storage.join(self.run_dir, REPORT))
         return json.loads(fs.cat_file(path))["flagged"] if fs.exists(path) else []
 
     def _write_report(self) -> None:
         report = {"every_steps": self.cfg.every_steps, "margin": self.cfg.margin,
                   "consecutive_windows": self.cfg.consecutive_windows, "world_size": self.world_size,
                   "hosts": self.hosts, "flagged": self.flagged, "windows": list(self.windows)}
-        with datasets.atomic_write(datasets.join(self.run_dir, REPORT), "w") as f:
+        with storage.atomic_write(storage.join(self.run_dir, REPORT), "w") as f:
             f.write(json.dumps(report, indent=2))
 
     def _write_exclude_list(self) -> None:

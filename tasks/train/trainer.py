@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from tasks import branches, datasets as contract
+from tasks import branches, contract, storage
 from tasks.lease import Fence, Fenced
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
@@ -185,7 +185,7 @@ class Trainer:
         self.cfg = cfg
         self.resume_from, self.skip_steps, self.branch_request = resume_from, skip_steps, branch_request
         self._extra_callbacks = list(callbacks or [])
-        self.run_dir = contract.normalize_url(run_dir)
+        self.run_dir = storage.normalize_url(run_dir)
         self.datasets = dict(datasets)
         self.device = _pick_device()
         self._owns_group = _init_distributed(self.device.type, cfg.watchdog.collective_timeout_s)
@@ -429,13 +429,13 @@ class Trainer:
         another, so snapshots its predecessor left in the nodes' memory are never restored into it."""
         box = [None]
         if self.rank == 0:
-            url = contract.join(self.run_dir, FOLDER_INSTANCE)
-            fs, path = contract.filesystem(url)
+            url = storage.join(self.run_dir, FOLDER_INSTANCE)
+            fs, path = storage.filesystem(url)
             if fs.exists(path):
                 box[0] = fs.cat_file(path).decode().strip()
             else:
                 box[0] = uuid.uuid4().hex
-                with contract.atomic_write(url, "w") as f:
+                with storage.atomic_write(url, "w") as f:
                     f.write(box[0])
         if self.world_size > 1:
             dist.broadcast_object_list(box, src=0)
@@ -606,7 +606,7 @@ class Trainer:
                                 final_checkpoint_s=self.checkpointer.blocked_s - blocked_before)
         if self.rank == 0:
             self.fence.check()
-            with contract.atomic_write(contract.join(self.run_dir, "summary.json"), "w") as f:
+            with storage.atomic_write(storage.join(self.run_dir, "summary.json"), "w") as f:
                 f.write(json.dumps(summary, indent=2, sort_keys=True))
         return summary
 

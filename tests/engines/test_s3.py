@@ -17,7 +17,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from tasks import datasets, jsonlog
+from tasks import contract, jsonlog
 from tasks.checkpoints import list_branches, list_committed
 from tasks.objectstore import StoreError, preflight
 from tasks.sample.crawl import write_sample_crawl
@@ -103,11 +103,11 @@ def test_the_whole_run_on_s3_matches_the_run_on_local_disk(s3, tmp_path, prefect
     for name, stage in stages.items():
         if name in ("train", "eval"):
             continue
-        a, b = datasets.open_dataset(stage["url"]), datasets.open_dataset(local_stages[name]["url"])
+        a, b = contract.open_dataset(stage["url"]), contract.open_dataset(local_stages[name]["url"])
         assert a.meta["url"].startswith("s3://") and b.meta["url"].startswith("file://")
         assert [(s.name, s.rows, s.bytes, s.checksum) for s in a.shards] == \
                [(s.name, s.rows, s.bytes, s.checksum) for s in b.shards], name
-        assert datasets.verify(a) == []
+        assert contract.verify(a) == []
     # Same data, same seed: the same losses, and the evaluation read its checkpoint from S3.
     assert stages["train"]["summary"]["losses"] == local_stages["train"]["summary"]["losses"]
     assert stages["train"]["checkpoint"].startswith(f"s3://{BUCKET}/run/")
@@ -162,7 +162,7 @@ def test_training_killed_after_a_committed_checkpoint_on_s3_resumes_from_it_and_
     assert [s["resumed_from"] for s in starts] == [None, 4]
     assert list((tmp_path / "cache").rglob("train-00000.bin"))  # the loader read a verified local copy
     exported = export_checkpoint(run_dir, f"s3://{BUCKET}/export")  # export reads the checkpoint from S3 too
-    assert exported.meta["checkpoint"].endswith("step-00000006") and datasets.verify(exported) == []
+    assert exported.meta["checkpoint"].endswith("step-00000006") and contract.verify(exported) == []
 
     # --resume-from on S3: step 6 moves to a superseded branch (copy committed before the source is uncommitted),
     # and the run trains steps 5 and 6 again from step 4's checkpoint, on one rank now.
@@ -192,8 +192,8 @@ def write(f):
     f.write(b"y" * 1000)
     return 1
 
-shard = datasets.write_shard(url, "part-00000.bin", write)
-datasets.commit(url, "blob", "killed-upload", [shard], {"rows": 1})
+shard = contract.write_shard(url, "part-00000.bin", write)
+contract.commit(url, "blob", "killed-upload", [shard], {"rows": 1})
 """
 
 
@@ -213,10 +213,10 @@ def test_an_upload_killed_mid_shard_leaves_no_shard_and_the_rerun_completes(s3, 
     assert fs.find(f"{BUCKET}/killed") == []  # no manifest, no shard, not even the temporary name
     uploads = fs.call_s3("list_multipart_uploads", Bucket=BUCKET, Prefix="killed/").get("Uploads", [])
     assert uploads, "the kill should have landed mid-upload"
-    with pytest.raises(datasets.DatasetError):
-        datasets.open_dataset(url)
+    with pytest.raises(contract.DatasetError):
+        contract.open_dataset(url)
 
     subprocess.run([sys.executable, "-c", CHILD, url, ""], cwd=REPO, check=True, timeout=120)
-    manifest = datasets.open_dataset(url)
+    manifest = contract.open_dataset(url)
     assert [s.name for s in manifest.shards] == ["part-00000.bin"] and manifest.shards[0].bytes == (60 << 20) + 1000
-    assert datasets.verify(manifest) == []
+    assert contract.verify(manifest) == []

@@ -12,7 +12,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.checkpoints import list_committed
 from tasks.dedup.normalize import normalize_text
 from tasks.sample.code import load_code_ground_truth
@@ -31,10 +31,10 @@ def stage(summary: dict, name: str) -> dict:
 
 def urls_of(dataset_url: str) -> dict[str, str]:
     """url (or repo/path for code) → text of every document in a documents dataset."""
-    manifest = datasets.open_dataset(dataset_url, kind="documents")
+    manifest = contract.open_dataset(dataset_url, kind="documents")
     out = {}
     for shard in manifest.shards:
-        fs, path = datasets.filesystem(datasets.shard_url(manifest, shard))
+        fs, path = storage.filesystem(contract.shard_url(manifest, shard))
         with fs.open(path, "rb") as f:
             table = pq.read_table(f, columns=["url", "text", "meta"])
         for url, text, meta in zip(*(table.column(c).to_pylist() for c in ("url", "text", "meta"))):
@@ -76,7 +76,7 @@ def test_ingest_drops_non_english_low_quality_and_malformed_pages(first_run):
     root, summary, _ = first_run
     ingest = stage(summary, "ingest[web]")
     kept = urls_of(ingest["url"])
-    truth = load_ground_truth(datasets.join(root, "sample"))
+    truth = load_ground_truth(storage.join(root, "sample"))
     by_category: dict[str, list[dict]] = {}
     for row in truth:
         by_category.setdefault(row["category"], []).append(row)
@@ -97,7 +97,7 @@ def test_dedup_removes_planted_exact_and_near_duplicates(first_run):
     root, summary, _ = first_run
     before = urls_of(stage(summary, "ingest[web]")["url"])
     after = urls_of(stage(summary, "dedup[web]")["url"])
-    truth = load_ground_truth(datasets.join(root, "sample"))
+    truth = load_ground_truth(storage.join(root, "sample"))
     exact = [r for r in truth if r["category"] == "exact_dup"]
     assert exact and all(not (r["url"] in after and r["dup_of"] in after) for r in exact)
     near_checked = 0
@@ -114,7 +114,7 @@ def test_dedup_removes_planted_exact_and_near_duplicates(first_run):
 def test_code_branch_drops_generated_minified_and_vendored_files(first_run):
     root, summary, _ = first_run
     kept = urls_of(stage(summary, "ingest_code[code]")["url"])
-    truth = load_code_ground_truth(datasets.join(root, "sample", "code"))
+    truth = load_code_ground_truth(storage.join(root, "sample", "code"))
     for category in ("generated", "minified", "vendored"):
         rows = [r for r in truth if r["category"] == category]
         assert rows and not any(f"{r['repo']}/{r['path']}" in kept for r in rows), category
@@ -216,7 +216,7 @@ def test_run_killed_during_training_resumes_from_its_last_checkpoint(first_run):
         _kill_tree(proc.pid)
         proc.wait(timeout=30)
     killed_at = max(c["step"] for c in list_committed(run_dir))
-    assert datasets.read_manifest(run_dir) is None  # the run is no longer finished, and did not finish again
+    assert contract.read_manifest(run_dir) is None  # the run is no longer finished, and did not finish again
 
     resumed = crawl_to_model(root=root, overrides=longer)
     data_stages = [s for s in resumed["stages"] if s["stage"] not in ("train", "eval")]

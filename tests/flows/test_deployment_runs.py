@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from flows import local_server
-from tasks import datasets, eval_holds
+from tasks import eval_holds, storage
 from tests.flows.tiny_run import TINY_RUN
 
 pytestmark = pytest.mark.slow
@@ -112,9 +112,9 @@ def root(tmp_path_factory) -> str:
     from tasks.sample.code import write_sample_code
     from tasks.sample.crawl import write_sample_crawl
 
-    url = datasets.normalize_url(str(tmp_path_factory.mktemp("smelt-root")))
-    write_sample_crawl(datasets.join(url, "sample"), pages=400, files=2)
-    write_sample_code(datasets.join(url, "sample", "code"), files=150)
+    url = storage.normalize_url(str(tmp_path_factory.mktemp("smelt-root")))
+    write_sample_crawl(storage.join(url, "sample"), pages=400, files=2)
+    write_sample_code(storage.join(url, "sample", "code"), files=150)
     return url
 
 
@@ -144,7 +144,7 @@ def retried_run(server, root, first_run):
 
 
 def run_dirs(root: str) -> list[Path]:
-    return sorted(p.parent for p in Path(datasets.filesystem(root)[1], "train").glob("*/manifest.json"))
+    return sorted(p.parent for p in Path(storage.filesystem(root)[1], "train").glob("*/manifest.json"))
 
 
 def test_crawl_to_model_deployment_with_default_dask_completes(first_run, server):
@@ -160,7 +160,7 @@ def test_a_failed_run_retried_from_the_ui_reuses_the_data_and_resumes_training(r
     assert (failed, state) == ("FAILED", "COMPLETED")
     stages = {row["stage"]: row for row in server[1].summary(run_id)}
     assert all(stages[s]["reused"] for s in DATA_STAGES) and not stages["train"]["reused"]
-    run_dir = Path(datasets.filesystem(stages["train"]["url"])[1])
+    run_dir = Path(storage.filesystem(stages["train"]["url"])[1])
     assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == 4
     assert list((run_dir / "faults").iterdir()), "the fault fired in the first attempt"
 
@@ -191,7 +191,7 @@ def test_eval_deployment_runs_once_per_committed_checkpoint_under_the_runs_root(
     committed = {}
     for run_dir in run_dirs(root):
         for step in (4, 8):
-            committed[datasets.normalize_url(str(run_dir / "checkpoints" / f"step-{step:08d}"))] = step
+            committed[storage.normalize_url(str(run_dir / "checkpoints" / f"step-{step:08d}"))] = step
         assert sorted(json.loads((run_dir / "published.json").read_text())) == [4, 8]
     assert len(committed) == 4
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -222,7 +222,7 @@ def test_eval_deployment_runs_once_per_committed_checkpoint_under_the_runs_root(
     for run_dir in run_dirs(root):  # each publication held its checkpoint for retention; each eval released it
         assert (run_dir / eval_holds.HOLDS_DIR).is_dir() and eval_holds.held_steps(str(run_dir)) == set()
     assert {r["parameters"]["root"] for r in runs} == {root}
-    evals = [json.loads(p.read_text()) for p in Path(datasets.filesystem(root)[1], "eval").glob("*/manifest.json")]
+    evals = [json.loads(p.read_text()) for p in Path(storage.filesystem(root)[1], "eval").glob("*/manifest.json")]
     assert sorted(e["meta"]["checkpoint"] for e in evals) == sorted(committed)
     for e in evals:
         assert e["meta"]["step"] == committed[e["meta"]["checkpoint"]]
@@ -263,8 +263,8 @@ def test_smelt_eval_of_two_checkpoints_gives_two_results_and_each_run_its_own(re
     # checkpoints are two results. (The runs differ in their init seed, part of a run's identity; a training
     # setting such as the fault spec no longer makes another run: tasks/train/identity.py.)
     evals = {(e["meta"]["run"], e["meta"]["step"]): e["fingerprint"] for e in
-             (json.loads(p.read_text()) for p in Path(datasets.filesystem(root)[1], "eval").glob("*/manifest.json"))}
-    run_url = {d: datasets.normalize_url(str(d)) for d in (first, second)}
+             (json.loads(p.read_text()) for p in Path(storage.filesystem(root)[1], "eval").glob("*/manifest.json"))}
+    run_url = {d: storage.normalize_url(str(d)) for d in (first, second)}
     assert evals[(run_url[first], 4)] == results[4]["fingerprint"]
     assert evals[(run_url[first], 4)] != evals[(run_url[second], 4)]
 
@@ -306,9 +306,9 @@ def fresh_root(tmp_path_factory) -> str:
     from tasks.sample.code import write_sample_code
     from tasks.sample.crawl import write_sample_crawl
 
-    url = datasets.normalize_url(str(tmp_path_factory.mktemp("smelt-root-concurrent")))
-    write_sample_crawl(datasets.join(url, "sample"), pages=200, files=2, seed=3)
-    write_sample_code(datasets.join(url, "sample", "code"), files=80, seed=3)
+    url = storage.normalize_url(str(tmp_path_factory.mktemp("smelt-root-concurrent")))
+    write_sample_crawl(storage.join(url, "sample"), pages=200, files=2, seed=3)
+    write_sample_code(storage.join(url, "sample", "code"), files=80, seed=3)
     return url
 
 
@@ -344,7 +344,7 @@ def test_a_run_marked_crashed_while_training_is_retried_and_the_retry_waits_for_
     held = "train.faults.inject=stop:rank=0,step=6"  # the gate: the only rank stops itself at step 6
     run_id = deployment_run(env, "crawl-to-model/crawl-to-model",
                             {"root": fresh_root, "overrides": [*TRAIN, "train.seed=7", held, WAIT_FOR_LEASE]})
-    train_root = Path(datasets.filesystem(fresh_root)[1], "train")
+    train_root = Path(storage.filesystem(fresh_root)[1], "train")
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while not (markers := list(train_root.glob("*/faults/fired-stop-0-6"))):
         state = api.state(run_id)
@@ -373,7 +373,7 @@ def test_a_run_marked_crashed_while_training_is_retried_and_the_retry_waits_for_
         steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert steps == list(range(1, 9))
         assert api.wait(run_id, {"COMPLETED"}) == "COMPLETED"
-        assert logged(api, run_id, f"train: reusing finished run {datasets.normalize_url(str(run_dir))}")
+        assert logged(api, run_id, f"train: reusing finished run {storage.normalize_url(str(run_dir))}")
     finally:  # never leave the stopped rank behind, whatever failed
         with contextlib.suppress(ProcessLookupError):
             os.kill(rank_pid, signal.SIGCONT)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import datasets
+from tasks import contract, storage
 from tests.tasks.dedup.corpus import words, write_documents
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def assert_one_sentence(result: subprocess.CompletedProcess, seconds: float, *, 
     return lines[-1]
 
 
-def documents(url: str) -> datasets.Manifest:
+def documents(url: str) -> contract.Manifest:
     return write_documents(url, [[(f"d{s}-{i}", " ".join(words(s * 100 + i)), 0.5) for i in range(50)]
                                  for s in range(4)])
 
@@ -111,7 +111,7 @@ def test_an_unreadable_checkpoint_is_one_sentence_without_a_retry(prefect_harnes
 
     corpus = make_corpus(str(tmp_path / "tokens"), tokens=8_000)
     run = train_flow(data=[corpus], root=str(tmp_path / "root"), config={**TINY, "steps": 2}, launch=LAUNCH)
-    step = Path(datasets.filesystem(run["checkpoint"])[1])
+    step = Path(storage.filesystem(run["checkpoint"])[1])
     (tensor_file,) = step.glob("*.distcp")
     blob = bytearray(tensor_file.read_bytes())
     blob[len(blob) // 2] ^= 0xFF
@@ -135,7 +135,7 @@ def test_a_stage_task_retries_a_transient_failure_and_never_a_permanent_one(pref
     def probe(kind: str) -> str:
         attempts.append(kind)
         if kind == "permanent":
-            raise datasets.DatasetError("shard x is corrupt: re-run the stage that wrote it")
+            raise contract.DatasetError("shard x is corrupt: re-run the stage that wrote it")
         if attempts.count(kind) == 1:
             raise ConnectionResetError("connection reset by peer")
         return "ok"

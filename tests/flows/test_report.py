@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import datasets, jsonlog
+from tasks import jsonlog, storage
 from tasks.report.page import SECTIONS
 from tests.flows.browser import CHROMIUM, open_page
 from tests.flows.tiny_run import TINY_RUN
@@ -80,7 +80,7 @@ def test_the_report_of_a_finished_run_draws_every_section_in_chromium_without_er
 def test_the_tensorboard_event_files_hold_every_metric_the_goodput_split_the_restart_and_each_split_eval(run_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    folder = Path(datasets.filesystem(run_dir)[1], "tensorboard")
+    folder = Path(storage.filesystem(run_dir)[1], "tensorboard")
     train = EventAccumulator(str(folder / "train"), size_guidance={"scalars": 0})
     train.Reload()
     records = jsonlog.read(run_dir, "metrics.jsonl")
@@ -93,13 +93,13 @@ def test_the_tensorboard_event_files_hold_every_metric_the_goodput_split_the_res
 
     run = EventAccumulator(str(folder / "run"), size_guidance={"scalars": 0})
     run.Reload()
-    summary = json.loads(Path(datasets.filesystem(run_dir)[1], "summary.json").read_text())
+    summary = json.loads(Path(storage.filesystem(run_dir)[1], "summary.json").read_text())
     for part in ("productive_s", "checkpoint_s", "restart_s", "lost_s", "other_s", "wall_s"):
         (point,) = run.Scalars(f"goodput/{part}")
         assert (point.step, point.value) == (16, pytest.approx(summary["goodput"][part], rel=1e-5))
     (restart,) = run.Scalars("faults/restarts")
     assert restart.value == 1 and run.Scalars("faults/recovery_s")[0].value > 0
-    evaluation = json.loads(Path(datasets.filesystem(run_dir)[1]).parent.parent.joinpath("eval").glob(
+    evaluation = json.loads(Path(storage.filesystem(run_dir)[1]).parent.parent.joinpath("eval").glob(
         "*/manifest.json").__next__().read_text())["meta"]
     for split in ("web", "code", "total"):
         figures = evaluation["total"] if split == "total" else evaluation["splits"][split]
@@ -119,8 +119,8 @@ def test_the_flows_publish_the_report_at_every_checkpoint_and_after_the_eval(run
     key = artifact_key(f"smelt-report-{run_dir.rsplit('/', 1)[-1]}")
     with get_client(sync_client=True) as client:
         versions = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-    published = json.loads(Path(datasets.filesystem(run_dir)[1], "published.json").read_text())
+    published = json.loads(Path(storage.filesystem(run_dir)[1], "published.json").read_text())
     # one per poll that found new checkpoints (one or more each), the finished run's, and the eval's
     assert len(versions) >= 3 and published
-    assert {v.data for v in versions} == {f"[run report]({datasets.join(run_dir, 'report.html')})"}  # a link
-    assert "<svg" in Path(datasets.filesystem(run_dir)[1], "report.html").read_text()
+    assert {v.data for v in versions} == {f"[run report]({storage.join(run_dir, 'report.html')})"}  # a link
+    assert "<svg" in Path(storage.filesystem(run_dir)[1], "report.html").read_text()

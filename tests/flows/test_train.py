@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.checkpoints import list_committed
 from tasks.train import goodput
 from tasks.train.launch import code_version
@@ -52,7 +52,7 @@ def test_a_finished_run_continued_with_more_steps_resumes_at_its_last_step_in_th
     root = str(tmp_path / "root")
     first = train_flow(data=[corpus], root=root, config={**TINY, "steps": 4}, launch=LAUNCH)
     run_dir = first["url"]
-    assert first["summary"]["steps"] == 4 and datasets.read_manifest(run_dir).meta["step"] == 4
+    assert first["summary"]["steps"] == 4 and contract.read_manifest(run_dir).meta["step"] == 4
 
     longer = train_flow(data=[corpus], root=root, config={**TINY, "steps": 8}, launch=LAUNCH)
     assert longer["url"] == run_dir and not longer["reused"]
@@ -61,13 +61,13 @@ def test_a_finished_run_continued_with_more_steps_resumes_at_its_last_step_in_th
     (changed,) = events_named(run_dir, "config_changed")
     assert changed["changes"] == {"steps": [4, 8]} and changed["checkpoint_step"] == 4
     assert changed["code_version"] == changed["previous_code_version"] == code_version()
-    assert json.loads(Path(datasets.filesystem(run_dir)[1], "train_config.1.json").read_text())["steps"] == 4
+    assert json.loads(Path(storage.filesystem(run_dir)[1], "train_config.1.json").read_text())["steps"] == 4
     (resumed,) = events_named(run_dir, "continue")
     assert (resumed["finished_step"], resumed["steps"]) == (4, 8)
 
     # The run's manifest now names the step-8 checkpoint; the trainer's checkpoints carry the identity that
     # names the folder; goodput leaves the idle time between the two launches out of the run's wall time.
-    manifest = datasets.read_manifest(run_dir)
+    manifest = contract.read_manifest(run_dir)
     assert manifest.meta["step"] == 8 and longer["checkpoint"].endswith("checkpoints/step-00000008")
     assert manifest.fingerprint == run_dir.rsplit("/", 1)[1]
     assert {c["config_fingerprint"] for c in list_committed(run_dir)} == {manifest.fingerprint}
@@ -82,7 +82,7 @@ def test_a_finished_run_continued_with_more_steps_resumes_at_its_last_step_in_th
 
 def copy_with_a_code_change(where: Path) -> Path:
     """The project's code, copied, with one line added to a file under tasks/train/: what a one-line fix
-    does to the code version (tasks.datasets.code_version hashes the files), without touching the repo."""
+    does to the code version (tasks.contract.code_version hashes the files), without touching the repo."""
     for package in ("flows", "tasks", "infra", "configs"):
         shutil.copytree(REPO / package, where / package, ignore=shutil.ignore_patterns("__pycache__"))
     with open(where / "tasks" / "train" / "optim.py", "a") as f:
@@ -111,9 +111,9 @@ def test_a_failed_run_retried_after_a_code_change_under_tasks_train_resumes_at_i
     fault = "train.faults.inject=kill:rank=0,step=7"  # fires once per run (a marker in the run folder)
     failed = smelt_train(REPO, corpus, root, fault)
     assert failed.returncode != 0, failed.stdout + failed.stderr
-    (run_path,) = Path(datasets.filesystem(root)[1], "train").iterdir()
-    run_dir = datasets.normalize_url(str(run_path))
-    assert [c["step"] for c in list_committed(run_dir)] == [2, 4, 6] and datasets.read_manifest(run_dir) is None
+    (run_path,) = Path(storage.filesystem(root)[1], "train").iterdir()
+    run_dir = storage.normalize_url(str(run_path))
+    assert [c["step"] for c in list_committed(run_dir)] == [2, 4, 6] and contract.read_manifest(run_dir) is None
 
     fixed = copy_with_a_code_change(tmp_path / "fixed")
     retried = smelt_train(fixed, corpus, root, fault)

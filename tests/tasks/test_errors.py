@@ -9,7 +9,7 @@ import pytest
 
 from tasks import errors
 from tasks.config import ConfigError
-from tasks.datasets import DatasetError
+from tasks.contract import DatasetError
 from tasks.objectstore import StoreError
 
 

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tasks import datasets, records
-from tasks.datasets import Stats
+from tasks import contract, records, verified_reads
+from tasks.counters import Stats
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.readers import InputError, expand_inputs, read_documents
 from tests.tasks.ingest.crawl_files import conversion, english_warc, gzip_members, other_record, response
@@ -184,10 +184,10 @@ def test_past_the_hold_limit_jsonl_records_go_out_before_their_checksum(tmp_path
     assert stats.get("failed.read_unverified_record", 0) == stats["in"] - 1 - len(docs) < 20  # ≤ 1,000 bytes held
 
 
-def dataset(tmp_path) -> datasets.Manifest:
+def dataset(tmp_path) -> contract.Manifest:
     url = str(tmp_path / "ds")
-    shard = datasets.write_shard(url, "part-0.bin", lambda f: f.write(bytes(range(256)) * 64) and 1)
-    return datasets.commit(url, "tokens", "fp", [shard], {})
+    shard = contract.write_shard(url, "part-0.bin", lambda f: f.write(bytes(range(256)) * 64) and 1)
+    return contract.commit(url, "tokens", "fp", [shard], {})
 
 
 def _missing(tmp_path):
@@ -208,7 +208,7 @@ def _flipped(tmp_path):
 
 def _rewrite_manifest(change):
     def apply(tmp_path):
-        path = tmp_path / "ds" / datasets.MANIFEST
+        path = tmp_path / "ds" / contract.MANIFEST
         path.write_text(change(path.read_text()))
     return apply
 
@@ -230,8 +230,8 @@ DATASET_CASES = [
 def test_a_damaged_dataset_is_one_error_naming_what_is_wrong(tmp_path, case, damage, message):
     manifest = dataset(tmp_path)
     damage(tmp_path)
-    with pytest.raises(datasets.DatasetError, match=message):
-        datasets.read_shard(datasets.open_dataset(manifest.meta["url"]), "part-0.bin")
+    with pytest.raises(contract.DatasetError, match=message):
+        verified_reads.read_shard(contract.open_dataset(manifest.meta["url"]), "part-0.bin")
 
 
 @pytest.mark.parametrize("url", ["foo://bucket/crawl.warc.gz", "/no/such/dir/*.warc.gz", "/no/such/file.warc"])

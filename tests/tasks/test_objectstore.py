@@ -44,15 +44,15 @@ def attempts(config: dict) -> dict:
 
 
 def test_every_s3_client_smelt_opens_keeps_the_5_s_timeout_and_3_retries():
-    """One home for the S3 client's settings: ``datasets.filesystem`` (every reader and writer of datasets) and
+    """One home for the S3 client's settings: ``storage.filesystem`` (every reader and writer of datasets) and
     DCP's checkpoint writer and reader get the same ones. fsspec replaces a config key passed as an argument
     whole, so a second ``config_kwargs`` anywhere would drop the retries here. Building a client opens no
     connection."""
-    from tasks import datasets
+    from tasks import storage
     from tasks.checkpoints import storage_reader
     from tasks.train.checkpoint import storage_writer
 
-    fs, _ = datasets.filesystem("s3://smelt-nowhere/a/b")
+    fs, _ = storage.filesystem("s3://smelt-nowhere/a/b")
     assert attempts(fs.config_kwargs) == attempts(S3_SETTINGS)
     writer = storage_writer("s3://smelt-nowhere/run/checkpoints/step-00000001").fs.fs.config_kwargs
     reader = storage_reader("s3://smelt-nowhere/run/checkpoints/step-00000001").fs.fs.config_kwargs

@@ -49,7 +49,7 @@ def _attempts_at_three(marker_dir) -> int:
 
 
 def test_a_permanent_failure_is_raised_once_without_dask_rerunning_it(client, tmp_path):
-    from tasks.datasets import DatasetError
+    from tasks.contract import DatasetError
 
     bad = DatasetError("shard docs-00003.parquet does not match its manifest checksum")
     with pytest.raises(DatasetError, match="does not match") as raised:

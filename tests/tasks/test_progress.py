@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tasks.datasets import ShardResult, Stats
+from tasks.contract import ShardResult
+from tasks.counters import Stats
 from tasks.progress import MapProgress, RateLimit, StepProgress
 
 

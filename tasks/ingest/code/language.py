@@ -7,7 +7,9 @@ extensions could be listed beside ``.ts``.
 
 from __future__ import annotations
 
-from tasks.ingest.base import Document, Filter
+from tasks.documents import Document
+
+from tasks.ingest.base import Filter
 from tasks.ingest.code.config import LanguageConfig
 
 UNKNOWN = ""

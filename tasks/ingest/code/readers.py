@@ -39,8 +39,11 @@ from typing import Any
 import fsspec
 
 from tasks.compression import READ_CHUNK, UNVERIFIED_HOLD_CHARS, CorruptData, checked_stream, sniff_compression
-from tasks.datasets import Stats, filesystem, normalize_url, remote_options
-from tasks.ingest.base import Document, doc_id
+from tasks.counters import Stats
+from tasks.objectstore import remote_options
+from tasks.storage import filesystem, normalize_url
+from tasks.documents import Document
+from tasks.ingest.base import doc_id
 from tasks.ingest.code.config import CodeReaderConfig
 from tasks.ingest.readers import GLOB_CHARS, InputError, input_size
 from tasks.records import read_json_lines, read_parquet_rows

@@ -7,7 +7,7 @@ web ingest's ``pipeline.ingest_item`` and the stage commits through ``stage.run_
 counting, writing, exclusions and idempotency are the web stage's. Documents keep the documents
 schema: ``lang`` is the programming language and ``meta`` holds repo, path, license and language.
 
-Stats: the vocabulary of ``tasks.datasets.Stats`` (``in``, ``out``, ``dropped.<reason>``,
+Stats: the vocabulary of ``tasks.counters.Stats`` (``in``, ``out``, ``dropped.<reason>``,
 ``failed.<reason>``, each step's under ``funnel.<step>.``), ``lang.<Language>`` (documents written
 per language) and ``work_items``.
 """
@@ -17,9 +17,10 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from tasks import datasets
+from tasks import contract, storage
+from tasks.contract import Manifest, ShardResult
+from tasks.counters import Stats
 from tasks.counters import FUNNEL
-from tasks.datasets import Manifest, ShardResult, Stats
 from tasks.ingest.base import Filter, enabled_steps
 from tasks.ingest.code.config import CodeIngestConfig, CodeReaderConfig
 from tasks.ingest.code.language import CodeLanguageFilter
@@ -82,8 +83,8 @@ def run_code_ingest(
     """Ingest source code ``inputs`` (records files, archives, folder trees, globs) into the
     documents dataset at ``output_url``; returns the committed manifest (``meta.steps``: the steps
     in order, for ``tasks.counters.funnel``)."""
-    output_url = datasets.normalize_url(output_url)
-    if (existing := datasets.finished_dataset(output_url, fingerprint)) is not None:
+    output_url = storage.normalize_url(output_url)
+    if (existing := contract.finished_dataset(output_url, fingerprint)) is not None:
         return existing
     plan_stats = Stats()
     items = plan_code_inputs(inputs, cfg.reader, plan_stats)
@@ -99,17 +100,17 @@ def run_code_ingest(
 
 def code_input_fingerprints(urls: list[str], cfg: CodeReaderConfig | None = None) -> list[str]:
     """Fingerprints of code inputs (``urls`` as ``expand_code_inputs`` lists them): a file's as
-    ``datasets.raw_input_fingerprints``; a folder tree's from its listing (path, size, modification
+    ``contract.raw_input_fingerprints``; a folder tree's from its listing (path, size, modification
     stamp of every file), since a folder's own stamp does not change when a file inside it does."""
     reader = cfg or CodeReaderConfig()
     out = []
     for url in urls:
-        fs, path = datasets.filesystem(url)
+        fs, path = storage.filesystem(url)
         if url.startswith(("http://", "https://")) or not fs.isdir(path):
-            out += datasets.raw_input_fingerprints([url])
+            out += contract.raw_input_fingerprints([url])
             continue
-        listing = sorted((p, info.get("size"), datasets.file_stamp(info)) for p, info in walk_files(fs, path, reader.skip_dirs))
-        blob = datasets.canonical_json([url, listing])
-        out.append(hashlib.sha256(blob.encode()).hexdigest()[: datasets.FINGERPRINT_CHARS])
+        listing = sorted((p, info.get("size"), contract.file_stamp(info)) for p, info in walk_files(fs, path, reader.skip_dirs))
+        blob = contract.canonical_json([url, listing])
+        out.append(hashlib.sha256(blob.encode()).hexdigest()[: contract.FINGERPRINT_CHARS])
     return out
 

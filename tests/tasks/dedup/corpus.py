@@ -8,7 +8,8 @@ import random
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks import datasets
+from tasks import contract, storage
+from tasks.documents import document_schema
 
 WORDS = (
     "river stone cloud paper engine garden window silver market yellow forest number simple "
@@ -33,7 +34,7 @@ def substitute(text_words: list[str], positions: list[int], seed: int = 0) -> li
 
 def write_documents(
     url: str, shards: list[list[tuple[str, str | None, float]]], fp: str = "input-fp"
-) -> datasets.Manifest:
+) -> contract.Manifest:
     """A documents dataset with one shard per list of (id, text, quality_score)."""
     infos = []
     for i, rows in enumerate(shards):
@@ -49,21 +50,21 @@ def write_documents(
                 "text": [r[1] for r in rows],
                 "meta": ["{}"] * n,
             },
-            schema=datasets.document_schema(),
+            schema=document_schema(),
         )
 
         def write(f, table=table):
             pq.write_table(table, f)
             return table.num_rows
 
-        infos.append(datasets.write_shard(url, f"docs-{i:05d}.parquet", write))
-    return datasets.commit(url, "documents", fp, infos, {})
+        infos.append(contract.write_shard(url, f"docs-{i:05d}.parquet", write))
+    return contract.commit(url, "documents", fp, infos, {})
 
 
-def read_ids(manifest: datasets.Manifest) -> list[list[str]]:
+def read_ids(manifest: contract.Manifest) -> list[list[str]]:
     out = []
     for shard in manifest.shards:
-        fs, path = datasets.filesystem(datasets.shard_url(manifest, shard))
+        fs, path = storage.filesystem(contract.shard_url(manifest, shard))
         with fs.open(path, "rb") as f:
             out.append(pq.read_table(f).column("id").to_pylist())
     return out

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tasks import datasets
+from tasks import contract
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.inputs import load_dedup_inputs
 from tasks.dedup.stage import run_dedup
@@ -71,5 +71,5 @@ def test_a_documents_dataset_url_is_opened_as_is():
 
 
 def test_an_input_that_is_neither_dataset_nor_raw_file_is_a_clear_error(tmp_path):
-    with pytest.raises(datasets.DatasetError, match="neither a smelt documents dataset"):
+    with pytest.raises(contract.DatasetError, match="neither a smelt documents dataset"):
         load_dedup_inputs([str(tmp_path)])

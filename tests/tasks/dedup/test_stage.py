@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.dedup import lsh, pairs, verify
 from tasks.dedup import signatures as signatures_step
 from tasks.dedup.candidates import near_candidates
@@ -34,13 +34,13 @@ def test_exact_and_near_duplicates_are_removed_and_order_is_kept():
     assert stats["dedup.verified_pairs"] == 2 and stats["dedup.exact_pairs"] == 2
     assert stats["dedup.candidate_pairs"] >= 2
     assert out.meta["bands"] == 18 and out.meta["rows"] == 6
-    assert datasets.verify(out) == []
+    assert contract.verify(out) == []
 
 
 def test_clusters_dataset_lists_members_kept_first_with_similarities():
     out = _run("memory://stage-clusters")
-    clusters = datasets.open_dataset(out.meta["clusters_url"], kind="clusters")
-    fs, path = datasets.filesystem(datasets.shard_url(clusters, clusters.shards[0]))
+    clusters = contract.open_dataset(out.meta["clusters_url"], kind="clusters")
+    fs, path = storage.filesystem(contract.shard_url(clusters, clusters.shards[0]))
     rows = pq.read_table(io.BytesIO(fs.cat_file(path))).to_pylist()
     by_kept = {r["kept"]: r for r in rows}
     assert set(by_kept) == {"a-copy", "b-near", "c"}
@@ -86,7 +86,7 @@ def test_band_key_collisions_add_only_candidates_that_are_never_judged(monkeypat
 
 def test_work_files_are_removed_after_commit_unless_kept():
     out = _run("memory://stage-cleanup")
-    fs, path = datasets.filesystem(out.meta["url"] + "/_work")
+    fs, path = storage.filesystem(out.meta["url"] + "/_work")
     assert not fs.exists(path)
 
 
@@ -121,5 +121,5 @@ def test_a_corrupt_input_shard_stops_the_stage_with_an_error_naming_it(tmp_path)
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(datasets.DatasetError, match=manifest.shards[1].name):
+    with pytest.raises(contract.DatasetError, match=manifest.shards[1].name):
         run_dedup([manifest], f"file://{tmp_path}/out", DedupConfig(), fingerprint="fp")

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tasks import datasets
+from tasks import contract
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.stage import run_dedup
 from tasks.parallel import ClientMap
@@ -46,7 +46,7 @@ def test_a_worker_killed_mid_stage_changes_no_output_byte(tmp_path):
     serial = run_dedup([manifest], f"file://{tmp_path}/serial", cfg, fingerprint="fp")
 
     def checksums(m):
-        clusters = datasets.open_dataset(m.meta["clusters_url"], kind="clusters")
+        clusters = contract.open_dataset(m.meta["clusters_url"], kind="clusters")
         return [(s.name, s.checksum) for s in m.shards + clusters.shards]
 
     with distributed.LocalCluster(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks import datasets
+from tasks import contract
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
 from tasks.tokenize.config import TokenizerConfig
@@ -26,7 +26,7 @@ def known_tokens(url: str, docs: list[str] = DOCS):
     starts = np.cumsum([0] + [len(d) for d in ids[:-1]])
     shards = write_token_shard(url, "val-00000", "val", stream, starts)
     meta = {"dtype": "uint16", "vocab_size": tokenizer.get_vocab_size(), "eos_id": eos, "bos_id": None, "pad_id": None}
-    datasets.commit(url, "tokens", "known-text", shards, {"tokens": len(stream)}, meta=meta)
+    contract.commit(url, "tokens", "known-text", shards, {"tokens": len(stream)}, meta=meta)
     return tokenizer, stream
 
 

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
-from tasks import datasets  # noqa: E402
+from tasks import storage  # noqa: E402
 from tasks.eval.config import HarnessConfig  # noqa: E402
 from tasks.eval.evaluate import load_model  # noqa: E402
 from tasks.eval.harness import cloze_items, held_out_documents, score_with_harness  # noqa: E402
@@ -48,7 +48,7 @@ def test_cloze_items_cut_before_an_alphabetic_word():
 def test_lm_eval_scores_the_export_and_writes_its_results_into_the_eval_dataset(tmp_path):
     tokens = make_tokens(tmp_path / "data")
     run = train_small(tokens, str(tmp_path / "run"), steps=12)
-    step_url = datasets.normalize_url(run) + "/checkpoints/step-00000012"
+    step_url = storage.normalize_url(run) + "/checkpoints/step-00000012"
     cfg = HarnessConfig(enabled=True, docs=12, min_words=6, max_words=24, batch_size=4)
     export_checkpoint(step_url, str(tmp_path / "export"), dtype="fp32")  # what the eval flow does first
     shards, results = score_with_harness(str(tmp_path / "export"), tokens, cfg, str(tmp_path / "eval"))

@@ -5,9 +5,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import datasets
-from tasks.datasets import Stats
-from tasks.ingest.base import Document
+from tasks import contract, storage
+from tasks.counters import Stats
+from tasks.documents import document_schema
+from tasks.documents import Document
 from tasks.ingest.classifier import (
     QualityClassifierFilter,
     normalize_for_classifier,
@@ -111,12 +112,12 @@ def test_normalization_makes_one_lowercase_line_of_capped_length():
 def write_documents(url: str, texts: list[str]) -> None:
     def write(f) -> int:
         rows = [Document(id=str(i), url="", text=t).to_row() for i, t in enumerate(texts)]
-        table = pa.Table.from_pylist(rows, schema=datasets.document_schema())
+        table = pa.Table.from_pylist(rows, schema=document_schema())
         pq.write_table(table, f)
         return len(rows)
 
-    shard = datasets.write_shard(url, "docs-00000.parquet", write)
-    datasets.commit(url, "documents", "test", [shard], {"docs": len(texts)})
+    shard = contract.write_shard(url, "docs-00000.parquet", write)
+    contract.commit(url, "documents", "test", [shard], {"docs": len(texts)})
 
 
 def test_training_from_documents_datasets_writes_the_model_to_a_url():
@@ -129,7 +130,7 @@ def test_training_from_documents_datasets_writes_the_model_to_a_url():
     assert report["train_docs"] == {"hq": 20, "lq": 20} and report["held_out_docs"] == {"hq": 5, "lq": 5}
     assert report["positive_dataset"] == "memory://test-classifier/positive"
     assert report["recall"] >= 0.8
-    fs, path = datasets.filesystem("memory://test-classifier/out/model.bin")
+    fs, path = storage.filesystem("memory://test-classifier/out/model.bin")
     assert fs.size(path) > 0
 
     step = QualityClassifierFilter(ClassifierConfig(enabled=True, model_url="memory://test-classifier/out/model.bin"))
@@ -140,16 +141,16 @@ def test_training_from_documents_datasets_writes_the_model_to_a_url():
 def test_training_from_a_corrupted_documents_shard_names_the_shard():
     url = "memory://test-classifier/corrupt"
     write_documents(url, synthetic(SCIENCE, 30, 5))
-    fs, path = datasets.filesystem(url + "/docs-00000.parquet")
+    fs, path = storage.filesystem(url + "/docs-00000.parquet")
     data = bytearray(fs.cat_file(path))
     data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
     fs.pipe_file(path, bytes(data))
-    with pytest.raises(datasets.DatasetError, match="docs-00000.parquet"):
+    with pytest.raises(contract.DatasetError, match="docs-00000.parquet"):
         train_classifier_from_datasets(url, "memory://test-classifier/negative", "memory://y.bin", ClassifierConfig(**TINY))
 
 
 def test_training_from_a_missing_dataset_names_it():
-    with pytest.raises(datasets.DatasetError, match="memory://test-classifier/nothing"):
+    with pytest.raises(contract.DatasetError, match="memory://test-classifier/nothing"):
         train_classifier_from_datasets("memory://test-classifier/nothing", "memory://x", "memory://y.bin", ClassifierConfig(**TINY))
 
 

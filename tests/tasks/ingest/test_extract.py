@@ -4,8 +4,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tasks.datasets import Stats
-from tasks.ingest.base import Document
+from tasks.counters import Stats
+from tasks.documents import Document
 from tasks.ingest.config import ExtractConfig
 from tasks.ingest.config import EXTRACT_ENGINES
 from tasks.ingest.extract import Extract, ExtractTimeout, code_blocks, extract_text, time_limit

@@ -4,9 +4,9 @@ import pickle
 import fsspec
 import pytest
 
-from tasks.datasets import Stats
+from tasks.counters import Stats
 from tasks.ingest import langid
-from tasks.ingest.base import Document
+from tasks.documents import Document
 from tasks.ingest.config import LangIdConfig
 from tasks.ingest.langid import LangIdFilter, load_fasttext_model, predict_top, shipped_lid_model_path
 

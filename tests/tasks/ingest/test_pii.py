@@ -1,7 +1,7 @@
 import pickle
 
-from tasks.datasets import Stats
-from tasks.ingest.base import Document
+from tasks.counters import Stats
+from tasks.documents import Document
 from tasks.ingest.config import PIIConfig
 from tasks.ingest.pii import PIIMasker
 

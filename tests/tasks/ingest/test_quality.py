@@ -2,8 +2,8 @@ import pickle
 
 import pytest
 
-from tasks.datasets import Stats
-from tasks.ingest.base import Document
+from tasks.counters import Stats
+from tasks.documents import Document
 from tasks.ingest.config import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 from tasks.ingest.quality import (
     C4QualityFilter,

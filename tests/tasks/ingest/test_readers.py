@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tasks.datasets import Stats, normalize_url
+from tasks.counters import Stats
+from tasks.storage import normalize_url
 from tasks.ingest.config import WARC_ENGINES, ReaderConfig
 from tasks.ingest.readers import InputError, expand_inputs, input_format, read_documents
 from tests.tasks.ingest.crawl_files import (
@@ -671,7 +672,6 @@ def test_http_body_shorter_than_its_content_length_is_counted_as_truncated(tmp_p
     from warcio.statusandheaders import StatusAndHeaders
     from warcio.warcwriter import WARCWriter
 
-    from tasks.datasets import Stats
     from tasks.ingest.config import ReaderConfig
     from tasks.ingest.readers import read_documents
 

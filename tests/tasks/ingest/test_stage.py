@@ -10,7 +10,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import datasets
+from tasks import contract
+from tasks.documents import document_schema
 from tasks.config import from_dict
 from tasks.ingest.config import IngestConfig
 from tasks.counters import funnel
@@ -52,9 +53,9 @@ def test_ingest_writes_document_shards_a_manifest_and_the_funnel(tmp_path):
     assert manifest.kind == "documents" and manifest.fingerprint == "fp-test"
     assert [s.name for s in manifest.shards] == ["docs-00000.parquet", "docs-00001.parquet"]
     assert [s.rows for s in manifest.shards] == [2, 1]
-    assert datasets.verify(datasets.open_dataset(out, "documents")) == []
+    assert contract.verify(contract.open_dataset(out, "documents")) == []
     table = pq.read_table(str(tmp_path / "out" / "docs-00000.parquet"))
-    assert table.schema.equals(datasets.document_schema())
+    assert table.schema.equals(document_schema())
     rows = table.to_pylist()
     assert [r["url"] for r in rows] == ["https://news.example/story-0", "https://news.example/story-1"]
     assert all(r["lang"] == "en" and r["lang_score"] > 0.65 for r in rows)
@@ -84,7 +85,7 @@ def test_a_rerun_after_a_lost_shard_redoes_only_that_shard_byte_identically(tmp_
     inputs = crawl(tmp_path)
     out = tmp_path / "out"
     first = ingest(inputs, "file://" + str(out))
-    (out / datasets.MANIFEST).unlink()
+    (out / contract.MANIFEST).unlink()
     (out / "docs-00000.parquet").write_bytes(b"half a shard")  # a worker died while moving it in place
     (out / ".tmp-0123abcd-docs-00000.parquet").write_bytes(b"a dead worker's temporary file")
 
@@ -109,7 +110,7 @@ def test_exclusions_are_a_dataset_of_their_own_with_the_reason(tmp_path):
     manifest = ingest(crawl(tmp_path), out, cfg)
 
     assert all(not s.name.startswith("excluded/") for s in manifest.shards)
-    excluded = datasets.open_dataset(out + "/excluded", "documents")
+    excluded = contract.open_dataset(out + "/excluded", "documents")
     rows = [r for s in excluded.shards for r in pq.read_table(str(tmp_path / "out" / "excluded" / s.name)).to_pylist()]
     assert [(r["url"], json.loads(r["meta"])["dropped_by"]) for r in rows] == [("https://zeitung.example/hochwasser", "lang_not_kept")]
     assert rows[0]["lang"] == "de"
@@ -152,7 +153,7 @@ def test_an_output_holding_another_dataset_is_refused(tmp_path):
     out = "file://" + str(tmp_path / "out")
     ingest(inputs, out, fp="one")
     assert ingest(inputs, out, fp="one").fingerprint == "one"
-    with pytest.raises(datasets.DatasetError, match="fingerprint one"):
+    with pytest.raises(contract.DatasetError, match="fingerprint one"):
         ingest(inputs, out, fp="two")
 
 
@@ -160,7 +161,7 @@ def test_a_changed_config_never_reuses_finished_shards(tmp_path):
     inputs = crawl(tmp_path)
     out = tmp_path / "out"
     ingest(inputs, "file://" + str(out))
-    (out / datasets.MANIFEST).unlink()
+    (out / contract.MANIFEST).unlink()
     cfg = from_dict(IngestConfig, {"lang": {"keep_languages": ["de"]}})
     manifest = ingest(inputs, "file://" + str(out), cfg)
     assert "shards_reused" not in manifest.stats

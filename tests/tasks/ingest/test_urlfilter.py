@@ -2,8 +2,8 @@ import pickle
 
 import pytest
 
-from tasks.datasets import Stats
-from tasks.ingest.base import Document
+from tasks.counters import Stats
+from tasks.documents import Document
 from tasks.ingest.config import URLFilterConfig
 from tasks.ingest.urlfilter import URLFilter, domain_suffixes, host_of
 

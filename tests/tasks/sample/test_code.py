@@ -10,7 +10,7 @@ from collections import Counter
 import fsspec
 import pytest
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.sample.code import (
     CODE_CATEGORIES,
     CODE_GROUND_TRUTH,
@@ -26,7 +26,7 @@ FILES = 60
 
 
 def read_lines(url: str, names: list[str]) -> list[bytes]:
-    fs, path = datasets.filesystem(url)
+    fs, path = storage.filesystem(url)
     return [line for name in names for line in gzip.decompress(fs.cat_file(f"{path}/{name}")).splitlines()]
 
 
@@ -147,5 +147,5 @@ def test_stale_shards_from_a_larger_sample_are_refused(tmp_path):
 
 
 def test_missing_ground_truth_is_a_clear_error(tmp_path):
-    with pytest.raises(datasets.DatasetError, match="no sample code ground truth"):
+    with pytest.raises(contract.DatasetError, match="no sample code ground truth"):
         load_code_ground_truth(str(tmp_path))

@@ -19,7 +19,7 @@ import pytest
 import trafilatura
 from warcio.archiveiterator import ArchiveIterator
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.sample import GROUND_TRUTH, load_ground_truth, write_sample_crawl
 from tasks.sample.sources import prose_paragraphs_of
 
@@ -275,7 +275,7 @@ def test_load_ground_truth_reads_the_directory_or_the_file(crawl):
     out, _, rows, _ = crawl
     assert load_ground_truth(f"file://{out}/{GROUND_TRUTH}") == rows
     assert set(rows[0]) == {"url", "file", "category", "lang", "dup_of", "edit_rate", "note"}
-    with pytest.raises(datasets.DatasetError, match="smelt sample --output"):
+    with pytest.raises(contract.DatasetError, match="smelt sample --output"):
         load_ground_truth(f"memory://no-sample-{uuid.uuid4().hex[:8]}")
 
 
@@ -301,7 +301,7 @@ def test_impossible_sizes_are_refused_with_the_fix():
 
 def test_refuses_to_write_beside_crawl_files_it_would_not_replace():
     url = f"memory://stale-{uuid.uuid4().hex[:8]}"
-    fs, path = datasets.filesystem(url)
+    fs, path = storage.filesystem(url)
     fs.pipe(f"{path}/crawl-00009.warc.gz", gzip.compress(b"", mtime=0))
     try:
         with pytest.raises(ValueError, match="crawl-00009.warc.gz"):

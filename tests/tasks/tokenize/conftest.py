@@ -6,7 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import datasets
+from tasks import contract
+from tasks.documents import DOCUMENT_COLUMNS, document_schema
 from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.tokenizer import train_tokenizer
 
@@ -20,26 +21,26 @@ TEXTS = [
 ]
 
 
-def write_documents(url: str, shards: list[list[tuple[str, str | None]]], row_group_size: int = 2) -> datasets.Manifest:
+def write_documents(url: str, shards: list[list[tuple[str, str | None]]], row_group_size: int = 2) -> contract.Manifest:
     """A documents dataset whose shard k holds the (id, text) rows ``shards[k]``."""
     infos = []
     for k, rows in enumerate(shards):
         table = pa.table(
             {name: [doc_id if name == "id" else text if name == "text" else None for doc_id, text in rows]
-             for name in datasets.DOCUMENT_COLUMNS},
-            schema=datasets.document_schema(),
+             for name in DOCUMENT_COLUMNS},
+            schema=document_schema(),
         )
 
         def write(f, table=table) -> int:
             pq.write_table(table, f, row_group_size=row_group_size)
             return table.num_rows
 
-        infos.append(datasets.write_shard(url, f"docs-{k:05d}.parquet", write))
-    return datasets.commit(url, "documents", "docs-" + url.rsplit("/", 1)[-1], infos, {"docs": sum(len(r) for r in shards)})
+        infos.append(contract.write_shard(url, f"docs-{k:05d}.parquet", write))
+    return contract.commit(url, "documents", "docs-" + url.rsplit("/", 1)[-1], infos, {"docs": sum(len(r) for r in shards)})
 
 
 @pytest.fixture(scope="module")
-def docs(tmp_path_factory) -> datasets.Manifest:
+def docs(tmp_path_factory) -> contract.Manifest:
     """Two shards: 30 short documents, plus one empty document (read-only: tests write elsewhere)."""
     rows = [(f"doc-{i}", TEXTS[i % len(TEXTS)] + f" #{i}") for i in range(30)]
     return write_documents(str(tmp_path_factory.mktemp("docs")), [rows[:17], rows[17:] + [("empty", "")]])
@@ -56,5 +57,5 @@ def small_tokenizer_cfg() -> TokenizerConfig:
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dataset(tmp_path_factory, docs, small_tokenizer_cfg) -> datasets.Manifest:
+def tokenizer_dataset(tmp_path_factory, docs, small_tokenizer_cfg) -> contract.Manifest:
     return train_tokenizer([docs], str(tmp_path_factory.mktemp("tokenizer")), small_tokenizer_cfg, fingerprint="tok")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks import datasets
+from tasks import contract, verified_reads
 from tasks.tokenize.stage import LINEAGE_COLUMNS, run_tokenize
 from tasks.tokenizer_files import load_tokenizer
 from tasks.tokens import lineage_name, read_token_shard
@@ -13,14 +13,14 @@ from tasks.tokens import lineage_name, read_token_shard
 def test_each_lineage_row_names_its_source_row_and_its_exact_token_range(tmp_path, docs, tokenizer_dataset, small_cfg):
     tokens = run_tokenize([docs], tokenizer_dataset.meta["url"], str(tmp_path / "tokens"), small_cfg, fingerprint="tk")
     tokenizer = load_tokenizer(tokens.meta["url"])
-    sources = {s.name: datasets.read_parquet(datasets.shard_url(docs, s), s).to_pylist()
+    sources = {s.name: verified_reads.read_parquet(contract.shard_url(docs, s), s).to_pylist()
                for s in docs.shards if s.name.endswith(".parquet")}
     seen = 0
     for shard in (s for s in tokens.shards if s.name.endswith(".bin")):
         array, starts = read_token_shard(tokens, shard.name)
         lineage_info = next(s for s in tokens.shards if s.name == lineage_name(shard.name))
         assert lineage_info.rows == 0 and lineage_info.extra["split"] == shard.extra["split"]
-        lineage = datasets.read_parquet(datasets.shard_url(tokens, lineage_info), lineage_info)
+        lineage = verified_reads.read_parquet(contract.shard_url(tokens, lineage_info), lineage_info)
         assert tuple(lineage.column_names) == LINEAGE_COLUMNS
         assert lineage.column("token_start").to_pylist() == starts.tolist()
         for row in lineage.to_pylist():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks import datasets
+from tasks import contract
 from tasks.tokenize.shards import join_documents
 from tasks.tokens import iter_token_documents, read_token_shard, token_dtype, write_token_shard
 
@@ -32,7 +32,7 @@ def test_written_shards_read_back_per_document(tmp_path):
     infos = write_token_shard(url, "val-00003", "val", tokens, starts)
     assert [(s.name, s.rows, s.bytes) for s in infos] == [("val-00003.bin", 5, 20), ("val-00003.idx", 0, infos[1].bytes)]
     assert infos[0].extra == {"split": "val", "tokens": 5, "docs": 2, "dtype": "uint32"}
-    manifest = datasets.commit(url, "tokens", "t", infos, {}, meta={"dtype": "uint32"})
+    manifest = contract.commit(url, "tokens", "t", infos, {}, meta={"dtype": "uint32"})
     back, back_starts = read_token_shard(manifest, "val-00003.bin")
     assert back.tolist() == [70000, 2, 1, 3, 1] and back_starts.tolist() == [0, 3]
     assert [d.tolist() for d in iter_token_documents(manifest, "val")] == [[70000, 2, 1], [3, 1]]

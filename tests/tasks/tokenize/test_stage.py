@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from tasks import datasets
+from tasks import contract, storage
+from tasks.checksums import file_checksum
 from tasks.tokenize.config import TokenizeConfig
 from tasks.tokenize.stage import run_tokenize
 from tasks.tokenizer_files import load_tokenizer
@@ -25,12 +26,12 @@ def pickling_map(fn, items, *, label=""):
 
 
 @pytest.fixture
-def tokens(tmp_path, docs, tokenizer_dataset, small_cfg) -> datasets.Manifest:
+def tokens(tmp_path, docs, tokenizer_dataset, small_cfg) -> contract.Manifest:
     return run_tokenize([docs], tokenizer_dataset.meta["url"], str(tmp_path / "tokens"), small_cfg,
                         fingerprint="tk", map_fn=pickling_map)
 
 
-def decoded(manifest: datasets.Manifest, split: str) -> list[str]:
+def decoded(manifest: contract.Manifest, split: str) -> list[str]:
     tokenizer = load_tokenizer(manifest.meta["url"])  # the tokens dataset carries its tokenizer
     out = []
     for doc in iter_token_documents(manifest, split):
@@ -45,7 +46,7 @@ def test_decoding_the_shards_reproduces_every_document(tokens):
 
 
 def test_manifest_counts_equal_the_shard_contents(tokens):
-    assert tokens.kind == "tokens" and datasets.verify(tokens) == []
+    assert tokens.kind == "tokens" and contract.verify(tokens) == []
     for shard in tokens.shards:
         if shard.name.endswith(".bin"):
             array, starts = read_token_shard(tokens, shard.name)
@@ -103,13 +104,13 @@ def test_a_vocabulary_beyond_uint16_writes_uint32_shards(tmp_path, docs):
 
 
 def test_tokenizing_a_non_documents_dataset_is_refused(tmp_path, tokens, tokenizer_dataset, small_cfg):
-    with pytest.raises(datasets.DatasetError, match="reads 'documents' datasets"):
+    with pytest.raises(contract.DatasetError, match="reads 'documents' datasets"):
         run_tokenize([tokens], tokenizer_dataset.meta["url"], str(tmp_path / "x"), small_cfg, fingerprint="x")
 
 
 def test_the_tokenizer_inside_the_dataset_matches_the_manifest(tokens):
-    fs, path = datasets.filesystem(datasets.join(tokens.meta["url"], "tokenizer.json"))
-    assert datasets.file_checksum(fs, path) == tokens.meta["tokenizer_checksum"]
+    fs, path = storage.filesystem(storage.join(tokens.meta["url"], "tokenizer.json"))
+    assert file_checksum(fs, path) == tokens.meta["tokenizer_checksum"]
     assert json.loads(fs.cat_file(path))["decoder"]["type"] == "ByteLevel"
     assert np.dtype(tokens.meta["dtype"]).itemsize == 2
 

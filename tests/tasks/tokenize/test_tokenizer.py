@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.tokenize.config import SpecialTokens, TokenizerConfig
 from tasks.tokenize.tokenizer import special_ids, train_tokenizer
 from tasks.tokenizer_files import load_tokenizer
@@ -50,20 +50,20 @@ def test_special_token_text_in_a_document_stays_text(tokenizer_dataset):
 
 
 def test_any_tokenizer_json_url_loads(tokenizer_dataset):
-    blob = datasets.filesystem(datasets.shard_url(tokenizer_dataset, "tokenizer.json"))[0].cat_file(
-        datasets.filesystem(datasets.shard_url(tokenizer_dataset, "tokenizer.json"))[1])
-    fs, _ = datasets.filesystem("memory://tok/elsewhere.json")
+    blob = storage.filesystem(contract.shard_url(tokenizer_dataset, "tokenizer.json"))[0].cat_file(
+        storage.filesystem(contract.shard_url(tokenizer_dataset, "tokenizer.json"))[1])
+    fs, _ = storage.filesystem("memory://tok/elsewhere.json")
     fs.pipe_file("/tok/elsewhere.json", blob)
     assert load_tokenizer("memory://tok/elsewhere.json").token_to_id("<|eos|>") == 1
 
 
 def test_missing_or_wrong_tokenizer_is_a_clear_error(tmp_path, docs):
-    with pytest.raises(datasets.DatasetError, match="no tokenizer at"):
+    with pytest.raises(contract.DatasetError, match="no tokenizer at"):
         load_tokenizer(str(tmp_path / "nothing.json"))
-    with pytest.raises(datasets.DatasetError, match="not a tokenizer or tokens dataset"):
+    with pytest.raises(contract.DatasetError, match="not a tokenizer or tokens dataset"):
         load_tokenizer(docs.meta["url"])
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(datasets.DatasetError, match="not a valid tokenizer.json"):
+    with pytest.raises(contract.DatasetError, match="not a valid tokenizer.json"):
         load_tokenizer(str(tmp_path / "bad.json"))
 
 
@@ -75,7 +75,7 @@ def test_a_tokenizer_without_the_configured_eos_is_refused(tokenizer_dataset):
 
 def test_a_corpus_of_empty_documents_cannot_train_a_tokenizer(tmp_path):
     docs = write_documents(str(tmp_path / "docs"), [[("a", ""), ("b", None)]])
-    with pytest.raises(datasets.DatasetError, match="no non-empty documents"):
+    with pytest.raises(contract.DatasetError, match="no non-empty documents"):
         train_tokenizer([docs], str(tmp_path / "tok"), TokenizerConfig(), fingerprint="x")
 
 
@@ -86,8 +86,8 @@ def test_hugging_face_tokenizer_files_give_roles_and_keep_special_token_text_as_
 
     from tasks.tokenizer_files import hf_tokenizer_files
 
-    blob = datasets.filesystem(datasets.shard_url(tokenizer_dataset, "tokenizer.json"))[0].cat_file(
-        datasets.filesystem(datasets.shard_url(tokenizer_dataset, "tokenizer.json"))[1]).decode()
+    blob = storage.filesystem(contract.shard_url(tokenizer_dataset, "tokenizer.json"))[0].cat_file(
+        storage.filesystem(contract.shard_url(tokenizer_dataset, "tokenizer.json"))[1]).decode()
     meta = tokenizer_dataset.meta
     files = hf_tokenizer_files(blob, bos_id=meta["bos_id"], eos_id=meta["eos_id"], pad_id=meta["pad_id"],
                                add_bos=False, max_length=512)

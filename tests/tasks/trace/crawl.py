@@ -11,7 +11,6 @@ import json
 import os
 import random
 
-from tasks import datasets
 from tasks.config import from_dict
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.stage import run_dedup

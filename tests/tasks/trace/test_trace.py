@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tasks import datasets
+from tasks import contract, storage, verified_reads
 from tasks.trace.report import document, spikes, trace_step
 from tasks.trace.ledger import ledger
 from tasks.trace.run import open_run
@@ -77,7 +77,7 @@ def test_every_traced_excerpt_occurs_verbatim_in_its_document_in_the_dedup_outpu
     dedup = stages["dedup"]
     texts = {}
     for shard in (s for s in dedup.shards if s.name.endswith(".parquet")):
-        table = datasets.read_parquet(datasets.shard_url(dedup, shard), shard, ["id", "text", "url"])
+        table = verified_reads.read_parquet(contract.shard_url(dedup, shard), shard, ["id", "text", "url"])
         texts.update(zip(table.column("id").to_pylist(), zip(table.column("text").to_pylist(), table.column("url").to_pylist())))
     run = open_run(run_dir)
     pieces = 0
@@ -140,5 +140,5 @@ def test_loss_by_source_has_a_row_per_group_and_evaluation_interval_and_a_plot(t
     assert {(r["by"], r["group"]) for r in rows} == {("source", "web"), ("quality", "none"), ("lang", "en")}
     first, last = (next(r["mean_loss"] for r in rows if r["by"] == "source" and r["last_step"] == s) for s in (10, 200))
     assert last < first
-    fs, path = datasets.filesystem(plot_url)
+    fs, path = storage.filesystem(plot_url)
     assert fs.cat_file(path)[:8] == b"\x89PNG\r\n\x1a\n"

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-from tasks import datasets, eval_holds
+from tasks import contract, eval_holds
 from tasks.checkpoints import list_committed, step_url, verify_checkpoint
 from tasks.train import checkpoint as checkpoint_module
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
@@ -283,11 +283,11 @@ def save_steps(run_dir, steps, **cfg) -> None:
 def test_manifest_lists_every_dcp_file_with_size_and_checksum(tmp_path):
     save_steps(tmp_path, [2])
     url = step_url(str(tmp_path), 2)
-    manifest = datasets.read_manifest(url)
+    manifest = contract.read_manifest(url)
     files = sorted(p.name for p in Path(url.removeprefix("file://")).iterdir() if p.name != "manifest.json")
     assert manifest.kind == "checkpoint" and manifest.fingerprint == "fp"
     assert sorted(s.name for s in manifest.shards) == files == [".metadata", "__0_0.distcp"]
-    assert datasets.verify(manifest) == []
+    assert contract.verify(manifest) == []
     assert manifest.meta["step"] == 2 and manifest.meta["tokens"] == 20
     assert manifest.stats["checkpoint.bytes"] == sum(s.bytes for s in manifest.shards)
 
@@ -328,7 +328,7 @@ def test_damaged_checkpoint_is_detected_and_skipped_for_the_previous_one(tmp_pat
     blob = Blob(2, 64)
     assert mgr.load({"blob": blob})["step"] == 2
     assert [c["step"] for c in list_committed(str(tmp_path))] == [2]
-    with pytest.raises(datasets.DatasetError, match="missing or corrupt"):
+    with pytest.raises(contract.DatasetError, match="missing or corrupt"):
         mgr.load({"blob": blob}, step=4)
     mgr.close()
 
@@ -354,7 +354,7 @@ def test_list_committed_reports_step_url_tokens_and_loss_newest_last(tmp_path):
 def test_no_checkpoint_is_a_clear_error(tmp_path):
     mgr = manager(tmp_path)
     assert mgr.latest_step() is None
-    with pytest.raises(datasets.DatasetError, match="no committed checkpoint"):
+    with pytest.raises(contract.DatasetError, match="no committed checkpoint"):
         mgr.load({"blob": Blob(1, 1)})
     mgr.close()
 
@@ -528,7 +528,7 @@ def test_fsdp_checkpoint_reshards_from_one_rank_to_two_and_back(tmp_path):
             p.join()
     assert [p.exitcode for p in procs] == [0, 0]
 
-    manifest = datasets.read_manifest(step_url(run_dir, 2))
+    manifest = contract.read_manifest(step_url(run_dir, 2))
     assert manifest.meta["world_size"] == 2
     assert {s.name for s in manifest.shards} == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     fresh = TinyNet()
@@ -549,7 +549,7 @@ def test_a_step_folder_names_its_run_folder_and_anything_else_is_refused():
     assert step_of("s3://bucket/runs/a/checkpoints/step-00000004/") == 4
     assert step_of("s3://bucket/runs/a") is None and step_of("s3://bucket/runs/a/step-00000004") is None
     assert relative_step(4) == "checkpoints/step-00000004"
-    with pytest.raises(datasets.DatasetError, match="is not a checkpoint folder"):
+    with pytest.raises(contract.DatasetError, match="is not a checkpoint folder"):
         run_dir_of("s3://bucket/runs/a")
 
 

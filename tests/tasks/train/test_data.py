@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tasks import datasets
+from tasks import contract, storage, verified_reads
 from tasks.tokens import TokenStream
 from tasks.train.data import TokenLoader, _chain, _route, permute
 
@@ -19,7 +19,7 @@ VOCAB = 65536
 
 
 def write_tokens_dataset(url: str, shards: list[np.ndarray], fp: str, split: str = "train") -> str:
-    """A tokens dataset (datasets.py record format) whose ``split`` stream is ``shards`` in order."""
+    """A tokens dataset (tasks/contract.py record format) whose ``split`` stream is ``shards`` in order."""
     infos = []
     for i, tokens in enumerate(shards):
         tokens = np.asarray(tokens, dtype="<u2")
@@ -28,15 +28,15 @@ def write_tokens_dataset(url: str, shards: list[np.ndarray], fp: str, split: str
             f.write(tokens.tobytes())
             return len(tokens)
 
-        infos.append(datasets.write_shard(url, f"{split}-{i:05d}.bin", write, split=split,
+        infos.append(contract.write_shard(url, f"{split}-{i:05d}.bin", write, split=split,
                                           tokens=len(tokens), docs=1, dtype="uint16"))
         index = io.BytesIO()
         np.save(index, np.array([0], dtype=np.int64))
-        infos.append(datasets.write_shard(url, f"{split}-{i:05d}.idx", lambda f, b=index.getvalue(): f.write(b) and 1,
+        infos.append(contract.write_shard(url, f"{split}-{i:05d}.idx", lambda f, b=index.getvalue(): f.write(b) and 1,
                                           split=split, tokens=0, docs=1, dtype="int64"))
     meta = {"dtype": "uint16", "vocab_size": VOCAB, "eos_id": 0, "bos_id": 1, "pad_id": 2}
     bins = [s for s in infos if s.name.endswith(".bin")]
-    datasets.commit(url, "tokens", fp, infos, {"tokens": sum(s.rows for s in bins)}, meta=meta)
+    contract.commit(url, "tokens", fp, infos, {"tokens": sum(s.rows for s in bins)}, meta=meta)
     return url
 
 
@@ -214,7 +214,7 @@ def test_mixture_without_weights_mixes_by_size(mixture):
 
 def test_mixture_of_different_tokenizers_is_refused(mixture, tmp_path):
     other = write_tokens_dataset(str(tmp_path / "o"), [np.arange(100)], fp="o")
-    manifest = datasets.read_manifest(other)
+    manifest = contract.read_manifest(other)
     manifest.meta["vocab_size"] = 1000
     (tmp_path / "o" / "manifest.json").write_text(manifest.to_json())
     with pytest.raises(ValueError, match="different tokenizer"):
@@ -259,18 +259,18 @@ def test_bad_batch_split_and_short_data_are_clear_errors(counting, tmp_path):
     short = write_tokens_dataset(str(tmp_path / "s"), [np.arange(5)], fp="s")
     with pytest.raises(ValueError, match="fewer than one sample"):
         loader(short)
-    with pytest.raises(datasets.DatasetError, match="no dataset"):
+    with pytest.raises(contract.DatasetError, match="no dataset"):
         loader(str(tmp_path / "missing"))
 
 
 def test_remote_shards_are_cached_locally_and_read_the_same(counting, tmp_path):
     remote = "memory://loader-test/counting"
-    manifest = datasets.open_dataset(counting)
+    manifest = contract.open_dataset(counting)
     for shard in manifest.shards:
-        data = datasets.filesystem(datasets.shard_url(manifest, shard))[0].cat_file(
-            datasets.filesystem(datasets.shard_url(manifest, shard))[1])
-        datasets.write_shard(remote, shard.name, lambda f, data=data: f.write(data))
-    datasets.commit(remote, "tokens", manifest.fingerprint, manifest.shards, manifest.stats, meta=manifest.meta)
+        data = storage.filesystem(contract.shard_url(manifest, shard))[0].cat_file(
+            storage.filesystem(contract.shard_url(manifest, shard))[1])
+        contract.write_shard(remote, shard.name, lambda f, data=data: f.write(data))
+    contract.commit(remote, "tokens", manifest.fingerprint, manifest.shards, manifest.stats, meta=manifest.meta)
     local, _ = global_batches(counting, 5, 1, seed=4)
     cached, _ = global_batches({"only": remote}, 5, 1, seed=4, cache_dir=str(tmp_path / "cache"))
     assert all(torch.equal(a, b) for a, b in zip(local, cached))
@@ -280,12 +280,12 @@ def test_remote_shards_are_cached_locally_and_read_the_same(counting, tmp_path):
 
 def test_a_corrupt_remote_shard_is_refused(counting, tmp_path):
     remote = "memory://loader-test/corrupt"
-    manifest = datasets.open_dataset(counting)
+    manifest = contract.open_dataset(counting)
     original = manifest.shards[0]  # 333 tokens: 666 bytes, here overwritten with zeros of the same size
-    datasets.write_shard(remote, original.name, lambda f: f.write(b"\x00" * original.bytes) // 2)
-    datasets.commit(remote, "tokens", "corrupt", [original], {}, meta=manifest.meta)
+    contract.write_shard(remote, original.name, lambda f: f.write(b"\x00" * original.bytes) // 2)
+    contract.commit(remote, "tokens", "corrupt", [original], {}, meta=manifest.meta)
     data = loader({"only": remote}, cache_dir=str(tmp_path / "cache"))
-    with pytest.raises(datasets.DatasetError, match="shard train-00000.bin of memory://loader-test/corrupt does not match"):
+    with pytest.raises(contract.DatasetError, match="shard train-00000.bin of memory://loader-test/corrupt does not match"):
         data.next_batch()
     assert list((tmp_path / "cache" / "corrupt").iterdir()) == []
 
@@ -297,23 +297,23 @@ def test_a_corrupt_local_shard_is_refused_when_first_read(tmp_path):
     blob[10] ^= 0x01  # one flipped bit: same size, so only the checksum can tell
     path.write_bytes(bytes(blob))
     data = loader(url, seq_len=10, global_batch=20)
-    with pytest.raises(datasets.DatasetError, match="shard train-00001.bin .* does not match its manifest checksum"):
+    with pytest.raises(contract.DatasetError, match="shard train-00001.bin .* does not match its manifest checksum"):
         data.next_batch()
 
 
 def test_a_corrupt_cached_copy_is_fetched_again(counting, tmp_path):
     remote = "memory://loader-test/recache"
-    manifest = datasets.open_dataset(counting)
+    manifest = contract.open_dataset(counting)
     for shard in manifest.shards:
-        datasets.write_shard(remote, shard.name, lambda f, b=datasets.read_shard(manifest, shard): f.write(b))
-    datasets.commit(remote, "tokens", "recache", manifest.shards, manifest.stats, meta=manifest.meta)
+        contract.write_shard(remote, shard.name, lambda f, b=verified_reads.read_shard(manifest, shard): f.write(b))
+    contract.commit(remote, "tokens", "recache", manifest.shards, manifest.stats, meta=manifest.meta)
     cache = tmp_path / "cache"
     first, _ = global_batches({"only": remote}, 5, 1, seed=4, cache_dir=str(cache))
     copy = cache / "recache" / "train-00000.bin"
     copy.write_bytes(b"\xff" * copy.stat().st_size)  # the cached copy overwritten in place
     again, _ = global_batches({"only": remote}, 5, 1, seed=4, cache_dir=str(cache))
     assert all(torch.equal(a, b) for a, b in zip(first, again))
-    assert copy.read_bytes() == datasets.read_shard(manifest, "train-00000.bin")
+    assert copy.read_bytes() == verified_reads.read_shard(manifest, "train-00000.bin")
 
 
 def test_prefetch_gives_the_same_batches_restarts_on_resume_and_stops_on_close(counting):
@@ -336,7 +336,7 @@ def test_a_read_error_in_the_prefetch_thread_surfaces_in_next_batch(tmp_path):
     url = write_tokens_dataset(str(tmp_path / "gone"), [np.arange(200)], fp="gone")
     data = loader(url, prefetch=2)
     (tmp_path / "gone" / "train-00000.bin").unlink()  # shards are mapped on first read
-    with pytest.raises(datasets.DatasetError, match="train-00000.bin .* is missing"):
+    with pytest.raises(contract.DatasetError, match="train-00000.bin .* is missing"):
         data.next_batch()
     data.close()
 

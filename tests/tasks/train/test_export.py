@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from tasks import datasets
+from tasks import contract
 from tasks.checkpoints import load_consolidated, step_url
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
@@ -72,7 +72,7 @@ def test_export_holds_the_models_weights_and_smelts_metadata(tmp_path):
     assert meta["params"] == MODEL.num_params() and meta["dtype"] == "float32"
     config = json.loads((tmp_path / "export" / "config.json").read_text())
     assert config["model_type"] == "llama" and config["hidden_size"] == 16 and config["vocab_size"] == 32
-    assert manifest.kind == "model" and datasets.verify(manifest) == []
+    assert manifest.kind == "model" and contract.verify(manifest) == []
     assert manifest.meta["checkpoint"] == step_url(str(tmp_path / "run"), 3)
     assert not (tmp_path / "export" / "tokenizer.json").exists()  # the checkpoint names no tokens dataset
 
@@ -123,19 +123,19 @@ def test_corrupt_export_is_refused(tmp_path):
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(datasets.DatasetError, match="model.safetensors"):
+    with pytest.raises(contract.DatasetError, match="model.safetensors"):
         load_exported(str(tmp_path / "export"))
 
 
 def test_export_without_a_model_config_is_a_clear_error(tmp_path):
     saved_model(tmp_path / "run", meta={"tokens": 1})
-    with pytest.raises(datasets.DatasetError, match="no model config"):
+    with pytest.raises(contract.DatasetError, match="no model config"):
         export_checkpoint(str(tmp_path / "run"), str(tmp_path / "export"))
 
 
 def test_a_checkpoint_of_another_model_is_refused_with_the_tensor_it_cannot_place(tmp_path):
     saved_model(tmp_path / "run", net=TinyNet())
-    with pytest.raises(datasets.DatasetError, match="not a smelt Llama model.*embed.weight"):
+    with pytest.raises(contract.DatasetError, match="not a smelt Llama model.*embed.weight"):
         export_checkpoint(str(tmp_path / "run"), str(tmp_path / "export"))
 
 

@@ -21,7 +21,7 @@ import torch
 
 from tasks import lease
 from tasks.checkpoints import list_committed, load_consolidated, step_url
-from tasks.datasets import read_manifest
+from tasks.contract import read_manifest
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import launch_training
 from tests.tasks.train.processes import follow, kill_tree, wait_for

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tasks import datasets
+from tasks import contract, storage
+from tasks.documents import DOCUMENT_COLUMNS, document_schema
 from tasks.checkpoints import step_url
 from tasks.eval.evaluate import probe
 from tasks.llama import Transformer
@@ -35,20 +36,20 @@ WORDS = ("the cat dog sat ran on a mat under tree big small red blue and then it
          "fox jumps over lazy quick brown bird sings in morning night").split()
 
 
-def documents(url: str, n: int = 160, seed: int = 0) -> datasets.Manifest:
+def documents(url: str, n: int = 160, seed: int = 0) -> contract.Manifest:
     """A documents dataset of ``n`` seeded word-salad sentences (plus one with a literal ``<|eos|>``)."""
     rng = random.Random(seed)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 40))) + "." for _ in range(n)]
     texts[3] = "a literal <|eos|> and <|bos|> stay text " + texts[3]
     table = pa.table({name: [f"d{i}" for i in range(n)] if name == "id" else texts if name == "text" else [None] * n
-                      for name in datasets.DOCUMENT_COLUMNS}, schema=datasets.document_schema())
+                      for name in DOCUMENT_COLUMNS}, schema=document_schema())
 
     def write(f) -> int:
         pq.write_table(table, f)
         return n
 
-    shard = datasets.write_shard(url, "docs-00000.parquet", write)
-    return datasets.commit(url, "documents", f"docs-{seed}", [shard], {"docs": n})
+    shard = contract.write_shard(url, "docs-00000.parquet", write)
+    return contract.commit(url, "documents", f"docs-{seed}", [shard], {"docs": n})
 
 
 def make_tokens(root, *, add_bos: bool = False) -> str:
@@ -103,7 +104,7 @@ def hf_logits(folder, ids: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_transformers_loads_the_export_and_computes_smelts_logits(tmp_path, tokens, tie):
-    vocab = datasets.open_dataset(tokens).meta["vocab_size"]
+    vocab = contract.open_dataset(tokens).meta["vocab_size"]
     model = sharp_model(model_cfg(vocab, tie=tie))
     export_checkpoint(save_checkpoint(model, str(tmp_path / "run"), tokens), str(tmp_path / "export"))
     ids = torch.randint(0, vocab, (2, 96), generator=torch.Generator().manual_seed(1))
@@ -122,19 +123,19 @@ def test_transformers_loads_the_export_and_computes_smelts_logits(tmp_path, toke
 
 
 def test_export_files_config_and_tied_embeddings_written_once(tmp_path, tokens):
-    vocab = datasets.open_dataset(tokens).meta["vocab_size"]
+    vocab = contract.open_dataset(tokens).meta["vocab_size"]
     model = sharp_model(model_cfg(vocab, tie=True))
     manifest = export_checkpoint(save_checkpoint(model, str(tmp_path / "run"), tokens), str(tmp_path / "export"),
                                  dtype="bf16")
     files = {s.name for s in manifest.shards}
     assert files == {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
                      "tokenizer_config.json", "special_tokens_map.json", "smelt_meta.json"}
-    assert (tmp_path / "export" / "manifest.json").is_file() and datasets.verify(manifest) == []
+    assert (tmp_path / "export" / "manifest.json").is_file() and contract.verify(manifest) == []
     config = json.loads((tmp_path / "export" / "config.json").read_text())
     assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
     assert config["torch_dtype"] == "bfloat16" and config["tie_word_embeddings"] is True
     assert config["head_dim"] == 16 and config["num_key_value_heads"] == 2 and config["rope_scaling"] is None
-    meta = datasets.open_dataset(tokens).meta
+    meta = contract.open_dataset(tokens).meta
     assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (meta["bos_id"], meta["eos_id"],
                                                                                       meta["pad_id"])
     from safetensors import safe_open
@@ -148,7 +149,7 @@ def test_export_files_config_and_tied_embeddings_written_once(tmp_path, tokens):
 
 
 def test_a_sharded_export_above_the_shard_limit_loads(tmp_path, tokens):
-    vocab = datasets.open_dataset(tokens).meta["vocab_size"]
+    vocab = contract.open_dataset(tokens).meta["vocab_size"]
     model = sharp_model(model_cfg(vocab, tie=False, n_kv_heads=4))
     manifest = export_checkpoint(save_checkpoint(model, str(tmp_path / "run"), tokens), str(tmp_path / "export"),
                                  max_shard_bytes=40_000)
@@ -166,11 +167,11 @@ def test_a_sharded_export_above_the_shard_limit_loads(tmp_path, tokens):
 
 
 def test_auto_tokenizer_round_trips_text_and_agrees_with_smelts_tokenizer(tmp_path, tokens):
-    vocab = datasets.open_dataset(tokens).meta["vocab_size"]
+    vocab = contract.open_dataset(tokens).meta["vocab_size"]
     export_checkpoint(save_checkpoint(sharp_model(model_cfg(vocab, tie=False)), str(tmp_path / "run"), tokens),
                       str(tmp_path / "export"))
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "export"))
-    meta = datasets.open_dataset(tokens).meta
+    meta = contract.open_dataset(tokens).meta
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (meta["bos_id"], meta["eos_id"], meta["pad_id"])
     smelt_tok = load_tokenizer(tokens)
     for text in ["the cat sat on the mat.", "Ünïcödé 😀 漢字\tand  spaces\n", "a literal <|eos|> in <|bos|> text"]:
@@ -182,7 +183,7 @@ def test_auto_tokenizer_round_trips_text_and_agrees_with_smelts_tokenizer(tmp_pa
 
 def test_a_bos_corpus_exports_a_tokenizer_that_prepends_bos(tmp_path):
     tokens = make_tokens(tmp_path, add_bos=True)
-    meta = datasets.open_dataset(tokens).meta
+    meta = contract.open_dataset(tokens).meta
     export_checkpoint(save_checkpoint(sharp_model(model_cfg(meta["vocab_size"], tie=False)), str(tmp_path / "run"),
                                       tokens), str(tmp_path / "export"))
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "export"))
@@ -191,7 +192,7 @@ def test_a_bos_corpus_exports_a_tokenizer_that_prepends_bos(tmp_path):
 
 
 def test_greedy_generate_equals_smelts_probe_completions(tmp_path, tokens):
-    vocab = datasets.open_dataset(tokens).meta["vocab_size"]
+    vocab = contract.open_dataset(tokens).meta["vocab_size"]
     model = sharp_model(model_cfg(vocab, tie=True), seed=3)
     export_checkpoint(save_checkpoint(model, str(tmp_path / "run"), tokens), str(tmp_path / "export"))
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "export"), dtype=torch.float32)
@@ -263,7 +264,7 @@ def test_a_trained_model_exports_with_equal_logits_and_generations(tmp_path, tok
 
     run = train_small(tokens, str(tmp_path / "run"), steps=12)
     export_checkpoint(run, str(tmp_path / "export"))
-    model, _ = load_checkpoint(datasets.normalize_url(run) + "/checkpoints/step-00000012")
+    model, _ = load_checkpoint(storage.normalize_url(run) + "/checkpoints/step-00000012")
     ids = torch.tensor([load_tokenizer(tokens).encode("the quick brown fox jumps over the lazy dog and then").ids])
     with torch.no_grad():
         assert (hf_logits(tmp_path / "export", ids) - model(ids)).abs().max().item() < 1e-4
@@ -276,7 +277,7 @@ def test_a_trained_model_exports_with_equal_logits_and_generations(tmp_path, tok
 
 
 def test_an_unfinished_export_is_refused_as_a_starting_point(tmp_path, tokens):
-    vocab = datasets.open_dataset(tokens).meta["vocab_size"]
+    vocab = contract.open_dataset(tokens).meta["vocab_size"]
     export_checkpoint(save_checkpoint(sharp_model(model_cfg(vocab, tie=False)), str(tmp_path / "run"), tokens),
                       str(tmp_path / "export"))
     assert hf.local_folder(str(tmp_path / "export")) == tmp_path / "export"

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from tasks import datasets
+from tasks import contract
 from tasks.config import from_dict
 from tasks.train.config import TrainConfig
 from tasks.train.identity import config_changes, config_fingerprint, run_identity
 
-TOKENS = {"web": datasets.Manifest("tokens", "web-fp", [], {}, {}, {"vocab_size": 256}),
-          "code": datasets.Manifest("tokens", "code-fp", [], {}, {}, {"vocab_size": 256})}
+TOKENS = {"web": contract.Manifest("tokens", "web-fp", [], {}, {}, {"vocab_size": 256}),
+          "code": contract.Manifest("tokens", "code-fp", [], {}, {}, {"vocab_size": 256})}
 BASE = {"steps": 60, "data": {"seq_len": 32, "global_batch": 8, "mixture": {"web": 0.8, "code": 0.2}}}
 
 
@@ -43,7 +43,7 @@ def test_identity_ignores_the_step_budget_optimizer_layout_checkpoints_and_fault
 
 def test_identity_ignores_the_code(monkeypatch):
     before = identity()
-    monkeypatch.setattr(datasets, "code_version", lambda *packages: "another-version")
+    monkeypatch.setattr(contract, "code_version", lambda *packages: "another-version")
     assert identity() == before
 
 
@@ -57,10 +57,10 @@ def test_identity_changes_with_the_model_shape_batch_contract_and_seeds(override
 
 
 def test_identity_changes_with_the_data_and_its_tokenizer():
-    other_data = {**TOKENS, "web": datasets.Manifest("tokens", "web-fp2", [], {}, {}, {"vocab_size": 256})}
+    other_data = {**TOKENS, "web": contract.Manifest("tokens", "web-fp2", [], {}, {}, {"vocab_size": 256})}
     assert identity(manifests=other_data) != identity()
     # The model takes its vocabulary from the tokenizer: a larger one is another model shape.
-    other_tokenizer = {n: datasets.Manifest("tokens", m.fingerprint, [], {}, {}, {"vocab_size": 300})
+    other_tokenizer = {n: contract.Manifest("tokens", m.fingerprint, [], {}, {}, {"vocab_size": 300})
                        for n, m in TOKENS.items()}
     assert identity(manifests=other_tokenizer) != identity()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks import datasets
+from tasks import contract, storage
 from tasks.checkpoints import list_committed
 from tasks.errors import is_permanent
 from tasks.train import goodput
@@ -65,7 +65,7 @@ def test_a_launch_into_a_run_folder_records_what_changed_and_keeps_the_previous_
     assert changed["previous_config"] == "train_config.1.json" and changed["checkpoint_step"] is None
     assert json.loads((tmp_path / "run" / "train_config.1.json").read_text()) == {"steps": 4}
     assert json.loads((tmp_path / "run" / "train_config.json").read_text())["steps"] == 8
-    assert f"run {datasets.normalize_url(run)} continues" in lines[-1] and "steps 4 → 8" in lines[-1]
+    assert f"run {storage.normalize_url(run)} continues" in lines[-1] and "steps 4 → 8" in lines[-1]
     assert "code the-code-of-launch-1 → " in lines[-1]
 
     goodput.append_event(run, {"event": "launch", "time": 2.0, "code_version": code_version()})
@@ -77,12 +77,12 @@ def test_a_launch_into_a_run_folder_records_what_changed_and_keeps_the_previous_
 def test_a_finished_run_asked_for_more_steps_is_no_longer_finished(tmp_path):
     run, data = str(tmp_path / "run"), {"main": "file:///tokens"}
     prepare_run(data, {"steps": 4}, run)
-    datasets.commit(run, kind="model", fp="run-id", shards=[], stats={},
+    contract.commit(run, kind="model", fp="run-id", shards=[], stats={},
                     meta={"checkpoint": "checkpoints/step-00000004", "step": 4})
     prepare_run(data, {"steps": 4, "checkpoint": {"keep_last": 3}}, run)  # `smelt launch` of the same budget
-    assert datasets.read_manifest(run) is not None
+    assert contract.read_manifest(run) is not None
     prepare_run(data, {"steps": 10}, run)
-    assert datasets.read_manifest(run) is None  # the run is training again: nothing names a final checkpoint
+    assert contract.read_manifest(run) is None  # the run is training again: nothing names a final checkpoint
     (event,) = [e for e in goodput.read_jsonl(run, goodput.EVENTS) if e["event"] == "continue"]
     assert (event["finished_step"], event["steps"]) == (4, 10)
 

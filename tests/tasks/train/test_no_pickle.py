@@ -19,7 +19,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tasks import checkpoints, datasets
+from tasks import checkpoints, contract, storage
+from tasks.checksums import file_checksum
 from tasks.checkpoints import UnsafeCheckpointError, step_url
 from tasks.eval.evaluate import load_model
 from tasks.llama import Transformer
@@ -80,13 +81,13 @@ def saved(run_dir: Path) -> Path:
 
 def rewrite_manifest(folder: Path) -> None:
     """What a forger does: make every listed file's size and checksum match what is now on disk."""
-    path = folder / datasets.MANIFEST
+    path = folder / contract.MANIFEST
     manifest = json.loads(path.read_text())
-    fs, _ = datasets.filesystem(str(folder))
+    fs, _ = storage.filesystem(str(folder))
     for shard in manifest["shards"]:
         file = str(folder / shard["name"])
         shard["bytes"] = fs.size(file)
-        shard["checksum"] = datasets.file_checksum(fs, file, shard["checksum"])
+        shard["checksum"] = file_checksum(fs, file, shard["checksum"])
     path.write_text(json.dumps(manifest))
     assert not checkpoints.verify_checkpoint(str(folder)), "the forged checkpoint must pass verification"
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tasks.checkpoints import list_committed, load_consolidated
-from tasks.datasets import normalize_url
+from tasks.storage import normalize_url
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import free_port, launch_training, prepare_run, start_torchrun
 from tasks.train.snapshot import (

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from tasks import checkpoints, datasets
+from tasks import checkpoints, contract, storage
 from tasks.checkpoints import list_committed
 from tasks.config import from_dict, merge_overrides
 from tasks.eval.evaluate import load_model
@@ -169,17 +169,17 @@ def test_dry_run_refuses_heads_that_tensor_parallel_cannot_split():
 
 
 def test_the_corpus_fixture_is_a_complete_tokens_dataset(corpus):
-    manifest = datasets.open_dataset(corpus["corpus"], kind="tokens")
-    assert manifest.meta["vocab_size"] == 256 and not datasets.verify(manifest)
+    manifest = contract.open_dataset(corpus["corpus"], kind="tokens")
+    assert manifest.meta["vocab_size"] == 256 and not contract.verify(manifest)
 
 
 # -- a run folder is self-contained: moved, it resumes and evaluates; a bad final checkpoint is never the result --
 
 
-def finish(run_dir) -> datasets.Manifest:
+def finish(run_dir) -> contract.Manifest:
     """What the train flow commits when a launch ends: the run's manifest naming its final checkpoint."""
     final = list_committed(str(run_dir))[-1]
-    return datasets.commit(str(run_dir), kind="model", fp="run-fp", shards=[], stats={},
+    return contract.commit(str(run_dir), kind="model", fp="run-fp", shards=[], stats={},
                            meta={"checkpoint": checkpoints.relative_step(final["step"]), "step": final["step"]})
 
 
@@ -189,7 +189,7 @@ def test_a_moved_run_folder_resumes_and_evaluates_where_it_now_is(corpus, tmp_pa
     shutil.move(tmp_path / "old", tmp_path / "new")
 
     step_url = checkpoints.resolve(str(tmp_path / "new"))
-    assert step_url == datasets.normalize_url(str(tmp_path / "new" / "checkpoints" / "step-00000002"))
+    assert step_url == storage.normalize_url(str(tmp_path / "new" / "checkpoints" / "step-00000002"))
     model, meta = load_model(step_url)  # eval's loader
     assert meta["step"] == 2 and sum(p.numel() for p in model.parameters()) > 0
 
@@ -206,7 +206,7 @@ def test_a_truncated_final_checkpoint_is_never_named_as_the_result(corpus, tmp_p
     data_file.write_bytes(data_file.read_bytes()[: data_file.stat().st_size // 2])
 
     assert checkpoints.finished_run(str(tmp_path)) is None  # the flow trains again instead of reusing it
-    with pytest.raises(datasets.DatasetError, match="step-00000004 fails verification"):
+    with pytest.raises(contract.DatasetError, match="step-00000004 fails verification"):
         checkpoints.resolve(str(tmp_path))  # eval and export resolve through this
     resumed = train(corpus, tmp_path, "steps=4")  # and the relaunch rewrites it from the newest good one
     assert resumed["resumed_from"] == 2 and not checkpoints.verify_checkpoint(

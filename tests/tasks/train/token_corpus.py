@@ -1,4 +1,4 @@
-"""A small learnable tokens dataset for trainer tests, written in the datasets.py record format.
+"""A small learnable tokens dataset for trainer tests, written in the tasks/contract.py record format.
 
 Documents are arithmetic sequences mod ``vocab`` (random start, stride 1..4) ended by EOS, so a
 tiny model's loss falls quickly and visibly.
@@ -10,7 +10,7 @@ import io
 
 import numpy as np
 
-from tasks import datasets
+from tasks import contract, storage
 
 EOS = 0
 
@@ -38,11 +38,11 @@ def make_corpus(url: str, *, tokens: int = 40_000, vocab: int = 256, seed: int =
         return len(starts)
 
     shards = [
-        datasets.write_shard(url, "train-00000.bin", write_bin, split="train", tokens=len(stream), docs=len(docs),
+        contract.write_shard(url, "train-00000.bin", write_bin, split="train", tokens=len(stream), docs=len(docs),
                              dtype="uint16"),
-        datasets.write_shard(url, "train-00000.idx", write_idx, split="train", tokens=0, docs=len(docs),
+        contract.write_shard(url, "train-00000.idx", write_idx, split="train", tokens=0, docs=len(docs),
                              dtype="int64"),
     ]
     meta = {"dtype": "uint16", "vocab_size": vocab, "eos_id": EOS, "bos_id": None, "pad_id": None}
-    datasets.commit(url, "tokens", f"corpus-{seed}", shards, {"tokens": len(stream), "docs": len(docs)}, meta=meta)
-    return datasets.normalize_url(url)
+    contract.commit(url, "tokens", f"corpus-{seed}", shards, {"tokens": len(stream), "docs": len(docs)}, meta=meta)
+    return storage.normalize_url(url)

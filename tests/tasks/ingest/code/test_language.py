@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tasks.config import ConfigError, from_dict
-from tasks.datasets import Stats
-from tasks.ingest.base import Document
+from tasks.counters import Stats
+from tasks.documents import Document
 from tasks.ingest.code.config import CodeIngestConfig, LanguageConfig
 from tasks.ingest.code.language import CodeLanguageFilter, LanguageTable
 

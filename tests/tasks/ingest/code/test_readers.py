@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from tasks.datasets import Stats
+from tasks.counters import Stats
 from tasks.ingest.code import readers as code_readers
 from tasks.ingest.code.config import CodeReaderConfig
 from tasks.ingest.code.readers import (

@@ -12,8 +12,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import datasets
-from tasks.ingest.base import Document
+from tasks import contract, storage
+from tasks.documents import document_schema
+from tasks.documents import Document
 from tasks.ingest.code.config import CodeIngestConfig
 from tasks.ingest.code.stage import STAGE, code_input_fingerprints, code_step_names, run_code_ingest
 from tasks.ingest.config import OutputConfig
@@ -25,10 +26,10 @@ from tasks.sample.code import load_code_ground_truth, write_sample_code
 SAMPLE_FILES = 120
 
 
-def rows_of(manifest: datasets.Manifest) -> list[dict]:
+def rows_of(manifest: contract.Manifest) -> list[dict]:
     out = []
     for shard in manifest.shards:
-        out += pq.read_table(datasets.shard_url(manifest, shard).removeprefix("file://")).to_pylist()
+        out += pq.read_table(contract.shard_url(manifest, shard).removeprefix("file://")).to_pylist()
     return out
 
 
@@ -45,7 +46,7 @@ def sample(tmp_path_factory):
     summary = write_sample_code(str(root / "sample"), files=SAMPLE_FILES)
     out = str(root / "out")
     manifest = run_code_ingest([summary["input"]], out, exclusions_config(), fingerprint="fp-code")
-    return str(root / "sample"), summary, manifest, datasets.open_dataset(datasets.join(out, "excluded"))
+    return str(root / "sample"), summary, manifest, contract.open_dataset(storage.join(out, "excluded"))
 
 
 def key(row: dict) -> str:
@@ -70,9 +71,9 @@ def test_code_documents_follow_the_documents_contract(sample):
     _, summary, manifest, _ = sample
     assert manifest.kind == "documents" and manifest.meta["source"] == "code"
     assert [s.name for s in manifest.shards] == [f"docs-{i:05d}.parquet" for i in range(len(summary["shards"]))]
-    assert datasets.verify(manifest) == []
-    table = pq.read_table(datasets.shard_url(manifest, manifest.shards[0]).removeprefix("file://"))
-    assert table.schema.equals(datasets.document_schema())
+    assert contract.verify(manifest) == []
+    table = pq.read_table(contract.shard_url(manifest, manifest.shards[0]).removeprefix("file://"))
+    assert table.schema.equals(document_schema())
     row = table.to_pylist()[0]
     meta = json.loads(row["meta"])
     assert row["source"] == "code" and row["lang"] == meta["language"] == "Python"
@@ -95,7 +96,7 @@ def test_a_finished_dataset_is_returned_and_another_fingerprint_is_refused(sampl
     _, summary, manifest, _ = sample
     again = run_code_ingest([summary["input"]], manifest.meta["url"], exclusions_config(), fingerprint="fp-code")
     assert again.to_json() == manifest.to_json()
-    with pytest.raises(datasets.DatasetError, match="already holds a dataset"):
+    with pytest.raises(contract.DatasetError, match="already holds a dataset"):
         run_code_ingest([summary["input"]], manifest.meta["url"], exclusions_config(), fingerprint="other")
 
 
@@ -130,14 +131,14 @@ def test_a_tree_fingerprint_changes_when_a_file_inside_changes(tmp_path):
     assert code_input_fingerprints([str(tmp_path)]) != before
     archive = tmp_path / "r.zip"
     archive.write_bytes(b"PK")
-    assert code_input_fingerprints([str(archive)]) == datasets.raw_input_fingerprints([f"file://{archive}"])
+    assert code_input_fingerprints([str(archive)]) == contract.raw_input_fingerprints([f"file://{archive}"])
 
 
 # ---------------------------------------------------------------------------------------------
 # The code branch end to end: dedup, tokenize, and the loader's mixture
 
 
-def web_documents(url: str, docs: int = 240, seed: int = 0) -> datasets.Manifest:
+def web_documents(url: str, docs: int = 240, seed: int = 0) -> contract.Manifest:
     """A documents dataset of English prose (random sentence mixes): the web side of the mixture."""
     from tests.tasks.ingest.crawl_files import SENTENCES
 
@@ -153,8 +154,8 @@ def web_documents(url: str, docs: int = 240, seed: int = 0) -> datasets.Manifest
             sink.append(doc)
         return sink.close()
 
-    shard = datasets.write_shard(url, "docs-00000.parquet", write)
-    return datasets.commit(url, "documents", "web-docs", [shard], {"out": docs})
+    shard = contract.write_shard(url, "docs-00000.parquet", write)
+    return contract.commit(url, "documents", "web-docs", [shard], {"out": docs})
 
 
 def windows_by_content(url: str, seq_len: int) -> set[bytes]:
