@@ -31,10 +31,10 @@ from torch import nn
 from infra.catalogue import gpu as lookup_gpu
 from infra.layout import ModelShape
 from infra.timing import linear_seconds, rank_linears
-from infra.validation import STACKS, stack_assumptions
+from infra.stacks import STACKS, stack_assumptions
 from tasks.model_config import PRESETS
 
-# (preset, tp, tokens per GEMM): the micro-batches of the torchtitan FP8 rows (infra/validation.py) at 8,192
+# (preset, tp, tokens per GEMM): the micro-batches of the torchtitan FP8 rows (infra/published_runs.py) at 8,192
 # tokens a sequence: the 8B at tp 1 (mb 2), the 8B at tp 8 (mb 12, June 2025), the 70B at tp 8 (mb 16)
 CASES = (("8b", 1, 2 * 8192), ("8b", 8, 12 * 8192), ("70b", 8, 16 * 8192))
 MICRO_BATCH_TOKENS = {(preset, tp): tokens for preset, tp, tokens in CASES}

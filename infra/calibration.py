@@ -19,7 +19,9 @@ from infra.planner import PlanInputs, plan
 from infra.reliability import FailureAssumptions, plan_reliability
 from infra.simulate import RunModel, percentiles, simulate
 from infra.timing import TimingAssumptions, step_time
-from infra.validation import FITTED, RUNS, score
+from infra.published_runs import RUNS
+from infra.stacks import FITTED
+from infra.validation import score
 
 LLAMA3_SNAPSHOT_DAYS, LLAMA3_INTERRUPTIONS, LLAMA3_PLANNED = 54, 466, 47
 LLAMA3_70B_GPU_HOURS = 6.4e6
@@ -39,7 +41,7 @@ def _published_layout(inputs: PlanInputs) -> Layout:
 
 
 def llama3_405b_mfu() -> list[dict]:
-    """Predicted MFU and memory for the published layouts (infra/validation.py's rows; the Meta stack's
+    """Predicted MFU and memory for the published layouts (infra/published_runs.py's rows; the Meta stack's
     efficiency was fitted on the first)."""
     rows = []
     for key in ("llama3-405b-8k", "llama3-405b-16k"):

@@ -8,7 +8,7 @@ Sources: NVIDIA A100, H100, H200 and HGX B200 datasheets; the peaks are tasks/tr
 
 ``compute_efficiency`` is the fraction of peak the training GEMMs reach when nothing waits on the network
 (infra/timing.py). H100: the Meta stack's, fitted on Llama 3 405B's 430 TFLOP/s on 8,192 GPUs
-(infra/validation.py, FITTED["meta"]). A100: that times the A100/H100 ratio fitted on LLM Foundry's MPT-7B
+(infra/stacks.py, FITTED["meta"]). A100: that times the A100/H100 ratio fitted on LLM Foundry's MPT-7B
 runs (FITTED["a100"]). H200 and B200 reuse the H100 figure (same die for H200; B200 unmeasured).
 """
 
@@ -54,7 +54,7 @@ CATALOGUE: dict[str, GPU] = {
     "b200": GPU("b200", "B200 180GB (HGX)", memory_gb=180, nvlink_gbps=900, internode_gbps=50,
                 gpus_per_node=8, price_per_hour=3.50, host_copy_gbps=50, hbm_tbps=8.0, compute_efficiency=0.6241),
 }
-# Variants that published runs used (infra/validation.py): A100 40GB; the H100 in Meta's Grand Teton hosts
+# Variants that published runs used (infra/published_runs.py): A100 40GB; the H100 in Meta's Grand Teton hosts
 # that torchtitan benchmarked (96 GB HBM2e at 2.4 TB/s, 500 W power limit, so below the SXM peak by an
 # unpublished amount: torchtitan's benchmarks/llama3_h100_202412_torchtitan.md).
 CATALOGUE["a100-40gb"] = dataclasses.replace(CATALOGUE["a100"], name="a100-40gb", label="A100 40GB SXM", memory_gb=40,

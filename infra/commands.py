@@ -30,11 +30,11 @@ from infra.reliability import LLAMA3_MTBF_GPU_HOURS, FailureAssumptions
 from infra.simulate import DISTRIBUTIONS, RunModel, percentiles, simulate
 from infra.simulate import plot as plot_simulation
 from infra.timing import PART_LABELS, TimingAssumptions
-from infra.validation import FITTED, STACKS, stack_assumptions
-from infra.validation import as_dict as validation_dict
-from infra.validation import render as render_validation
+from infra.stacks import FITTED, STACKS, stack_assumptions
 from infra.validation import summary as validation_summary
 from infra.validation import table as validation_table
+from infra.validation_report import as_dict as validation_dict
+from infra.validation_report import render as render_validation
 
 ModelOpt = Annotated[str, typer.Option(help="Model preset from tasks/model_config.py (tiny … 405b).")]
 TokensOpt = Annotated[float, typer.Option(help="Training tokens.")]
@@ -330,7 +330,7 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console, mode
     flips = [row for row in rows if row.factor == "planner error" and row.feasible != result.feasible]
     if flips:
         console.print(f"  [yellow]the verdict flips at {', '.join(row.setting for row in flips)}: within the "
-                      "planner's held-out mean error (python -m infra.validation)[/yellow]")
+                      "planner's held-out mean error (python -m infra.validation_report)[/yellow]")
     if best is None:
         _render_rejections(result, console)
         return
@@ -351,7 +351,7 @@ def render_plan(result: Plan, rows: list[SensitivityRow], console: Console, mode
     if gaps:
         console.print("smelt's trainer cannot run this layout yet: " + ", ".join(gaps))
     if not i.smelt_trainer:
-        console.print(f"scored as {STACKS[i.stack].label} runs it (--stack {i.stack}; infra/validation.py)")
+        console.print(f"scored as {STACKS[i.stack].label} runs it (--stack {i.stack}; infra/stacks.py)")
 
     t = _table(f"Layout: {L.name}", "", "value")
     m = L.microbatches(i.global_seqs)

@@ -60,7 +60,7 @@ class PlanInputs:
     timing: TimingAssumptions = field(default_factory=TimingAssumptions)
     memory: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     failures: FailureAssumptions = field(default_factory=FailureAssumptions)
-    # whose software runs the layouts: smelt's trainer, or a validation stack (infra.validation.STACKS), whose
+    # whose software runs the layouts: smelt's trainer, or a validation stack (infra.stacks.STACKS), whose
     # timing and memory models ``timing`` and ``memory`` then carry and whose layouts need not be the trainer's
     stack: str = "smelt"
     zero_stages: tuple[int, ...] = ()  # the ZeRO stages the search may use; (): the trainer's (infra/layout.py)

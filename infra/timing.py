@@ -53,7 +53,7 @@ from infra.layout import Layout, ModelShape
 from infra.pipeline_order import zbv_bubble
 
 
-# Fitted in infra/validation.py (FITTED; tests/infra/test_validation.py keeps these equal): torchao float8's
+# Fitted by infra/validation.py (infra/stacks.py's FITTED; tests/infra/test_validation.py keeps these equal): torchao float8's
 # GEMM speed-up on H100 (the PyTorch path smelt's trainer would take) and attention's rate relative to the
 # GEMMs' (FlashAttention-2 at 16K; see attention_seconds).
 FP8_SPEEDUP = 1.7587

@@ -14,8 +14,9 @@ from infra.catalogue import CATALOGUE
 from infra.layout import ModelShape
 from infra.memory import cp_ring_bytes
 from infra.timing import ASYNC_TP_HIDDEN, ATTENTION_RATE, FP8_SPEEDUP
-from infra.validation import (CP_SWEEPS, FITTED, RUNS, STACKS, _balanced_attention, _worst, cp_sweep_floor,
-                              fit, score, summary, table)
+from infra.published_runs import RUNS
+from infra.stacks import FITTED, STACKS
+from infra.validation import CP_SWEEPS, _balanced_attention, _worst, cp_sweep_floor, fit, score, summary, table
 
 ROWS = table()
 BY_KEY = {r.run.key: r for r in ROWS}
@@ -234,7 +235,7 @@ def _with(run, **changes):
 
 
 def test_the_plot_is_written_as_png(tmp_path, capsys):
-    from infra.validation import main
+    from infra.validation_report import main
 
     path = tmp_path / "validation.png"
     main(["--plot", str(path)])
