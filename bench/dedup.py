@@ -227,6 +227,7 @@ def run_smelt(input_url: str, output_url: str, threshold: float, queue) -> None:
     """Child process: the dedup stage, serial, timing each phase."""
     # Imported before the clock starts, as a worker that has done a shard has them: pyarrow loads
     # pandas the first time it builds a table, ~0.5 CPU-s once per process.
+    from tasks import contract
     import pandas  # noqa: F401
     import pyarrow.compute  # noqa: F401
     import pyarrow.parquet  # noqa: F401

@@ -84,8 +84,7 @@ def sample(
     as_json: JsonOpt = False,
 ) -> None:
     """Write the generated sample: a crawl (gzipped WARC + ground_truth.jsonl) and source code under code/."""
-    from tasks import contract, storage
-    from tasks.contract import DatasetError
+    from tasks import storage
     from tasks.sample.code import write_sample_code
     from tasks.sample.crawl import write_sample_crawl
 
@@ -120,6 +119,7 @@ def run(
 
 def _check_inputs(section: str, inputs: list[str]) -> None:
     """Fail fast, before any flow starts, on inputs that do not exist or are not complete datasets."""
+    from tasks import contract, storage
 
     if section == "ingest":
         from tasks.ingest.readers import expand_inputs
@@ -337,6 +337,7 @@ def report(
     root: Annotated[Optional[str], typer.Option("--root", help="Where the run's evaluations are (default: the run's root).")] = None,
 ) -> None:
     """One self-contained HTML page of a run: config, curves, goodput, faults, stragglers, checkpoints, data funnel."""
+    from tasks.contract import DatasetError
     from tasks.report.publish import write_report
 
     if not os.path.isdir(run_dir) and "://" not in run_dir:
@@ -468,6 +469,7 @@ def _register_planner() -> None:
 def _preflight_stores(argv: list[str]) -> None:
     """Every object store URL on the command line must name a reachable, readable bucket: a wrong
     endpoint, key or bucket fails here in seconds with one sentence, not deep inside a flow."""
+    from tasks.contract import DatasetError
     from tasks.objectstore import preflight_all
 
     preflight_all(argv)
