@@ -299,9 +299,11 @@ class Trainer:
         log.info("layout %s on %d ranks (%s); model %s: %.3gM params, %.3gM on this rank; batch %s",
                  self.dims.describe(), self.world_size, self.device_name, cfg.model_preset,
                  self.model_cfg.num_params() / 1e6, counts["local"] / 1e6, self.batch)
-        self.group = None
+        # This launch's index among the run's starts (events.jsonl), stamped on every metrics record as "group"
+        # for goodput and trace; not a process group (that is pp_group and the mesh's).
+        self.start_index = None
         if self.rank == 0:
-            self.group = goodput.start_group(self.run_dir, time=started_at, resumed_from=self.resumed_from,
+            self.start_index = goodput.start_group(self.run_dir, time=started_at, resumed_from=self.resumed_from,
                                              world_size=self.world_size,
                                              restart_count=restart_count())
 
@@ -575,7 +577,7 @@ class Trainer:
                 self.callbacks.on_save_end(step, saved, self.checkpointer)
                 if self.snapshots is not None and self.snapshots.take(step, self.app_state):
                     self.callbacks.on_snapshot(step, self.snapshots)
-            record.update(group=self.group, time=time.time(), iteration_s=time.perf_counter() - iteration_start,
+            record.update(group=self.start_index, time=time.time(), iteration_s=time.perf_counter() - iteration_start,
                           checkpoint_s=self._blocked_s() - blocked_before,
                           checkpoint_blocked_s=self.checkpointer.blocked_s)
             if self.snapshots is not None:
