@@ -94,7 +94,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tasks.checkpoints import list_committed, load_consolidated  # noqa: E402
+from tasks.checkpoint_reader import list_committed, load_consolidated  # noqa: E402
 from tasks.contract import code_version  # noqa: E402
 from tasks.train.launch import free_port, prepare_run, start_torchrun  # noqa: E402
 from tests.tasks.train.token_corpus import make_corpus  # noqa: E402

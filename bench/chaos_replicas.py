@@ -55,7 +55,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.checkpoints import list_committed, load_consolidated
+from tasks.checkpoint_reader import list_committed, load_consolidated
 from tasks.config import from_dict
 from tasks.train import replicas
 from tasks.train.config import TrainConfig

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tasks import contract
-from tasks.checkpoints import step_url
+from tasks.checkpoint_reader import step_url
 from tasks.llama import Transformer
 from tasks.model_config import preset
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState

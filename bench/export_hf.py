@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.checkpoints import step_url
+from tasks.checkpoint_reader import step_url
 from tasks.llama import Transformer
 from tasks.model_config import preset
 from tasks.train.checkpoint import CheckpointManager

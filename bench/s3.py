@@ -33,7 +33,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks import contract, storage  # noqa: E402
-from tasks.checkpoints import step_url  # noqa: E402
+from tasks.checkpoint_reader import step_url  # noqa: E402
 from tasks.ingest.config import IngestConfig  # noqa: E402
 from tasks.ingest.readers import expand_inputs  # noqa: E402
 from tasks.ingest.stage import run_ingest  # noqa: E402

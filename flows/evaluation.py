@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import (StageOutcome, artifact_key, fails_in_one_sentence, one_sentence_failures, planned_output,
                           publish_run_report, retry_options)
 from tasks import contract, eval_holds, storage
-from tasks.checkpoints import resolve as resolve_checkpoint, run_dir_of, step_of
+from tasks.checkpoint_reader import resolve as resolve_checkpoint, run_dir_of, step_of
 from tasks.config import from_dict
 from tasks.eval.config import EvalConfig
 from tasks.eval.evaluate import checkpoint_identity, evaluate_checkpoint

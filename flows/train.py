@@ -28,7 +28,7 @@ from tasks.config import from_dict
 from prefect.runtime import flow_run
 
 from tasks.branches import check_request, parse_skip_steps
-from tasks.checkpoints import finished_run, is_committed, list_committed, named_checkpoint, relative_step
+from tasks.checkpoint_reader import finished_run, is_committed, list_committed, named_checkpoint, relative_step
 from tasks.lease import Lease, LeaseError
 from tasks.objectstore import preflight_all
 from tasks.train.config import TrainConfig, parse_data

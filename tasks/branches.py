@@ -4,7 +4,7 @@ Resuming a run from an older retained checkpoint (``smelt train --resume-from ST
 trajectory at STEP. The checkpoints after STEP belong to the old one: they are moved whole (manifest
 and all) to ``<run>/branches/<n>/checkpoints/step-NNNNNNNN/``, so ``<run>/checkpoints/`` holds one
 trajectory (the run's newest checkpoint, retention and every reader see only it) and the old one stays
-readable as a run folder of its own (``tasks.checkpoints.list_committed(<run>/branches/<n>)``).
+readable as a run folder of its own (``tasks.checkpoint_reader.list_committed(<run>/branches/<n>)``).
 Retention never looks under ``branches/``: a declared branch is kept until someone deletes it.
 
 ``<run>/branches.json`` lists the branches, oldest first, each ``{"branch": n, "from_step": STEP,
@@ -75,7 +75,7 @@ def write(run_dir: str, records: list[dict]) -> None:
 
 
 def branch_url(run_dir: str, record: dict) -> str:
-    """The folder holding a branch's checkpoints (a run folder of its own for tasks.checkpoints)."""
+    """The folder holding a branch's checkpoints (a run folder of its own for tasks.checkpoint_reader)."""
     return storage.join(storage.normalize_url(run_dir), record["url"])
 
 

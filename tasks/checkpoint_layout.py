@@ -1,7 +1,7 @@
 """Where a run's checkpoints live: ``<run>/checkpoints/step-NNNNNNNN/``, named and listed.
 
 The names only, no torch: ``tasks/branches.py`` (which trace and eval read) moves step folders with them, and
-``tasks/checkpoints.py``, the reader, imports branches; the layout sits below both so neither imports the other.
+``tasks/checkpoint_reader.py``, the reader, imports branches; the layout sits below both so neither imports the other.
 """
 
 from __future__ import annotations

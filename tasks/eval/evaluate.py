@@ -2,7 +2,7 @@
 baselines on the same bytes, plus samples continuing the held-out text.
 
 Runs in one process without torch.distributed: the checkpoint is consolidated from whatever mesh
-trained it (``tasks/checkpoints.py``) into a plain state dict.
+trained it (``tasks/checkpoint_reader.py``) into a plain state dict.
 
 Bits per byte makes models with different tokenizers comparable: the summed loss (nats) over the
 scored tokens divided by ``ln 2`` times the UTF-8 bytes those tokens decode to. The same bytes are
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import contract, storage
-from tasks.checkpoints import load_consolidated, resolve, run_dir_of, step_of, verify_checkpoint
+from tasks.checkpoint_reader import load_consolidated, resolve, run_dir_of, step_of, verify_checkpoint
 from tasks.eval.baselines import COMPRESSORS, compressed_bits_per_byte
 from tasks.eval.config import EvalConfig
 from tasks.eval.samples import complete, validation_samples

@@ -18,7 +18,7 @@ def read_metrics(run_dir: str) -> list[dict]:
 def _branch_of(run_dir: str, records: list[dict], meta: dict) -> int | None:
     """The superseded branch (``--resume-from``, tasks/branches.py) whose checkpoint an evaluation scored: the
     branch holding that step whose checkpoint has the evaluated files; None for the run's own trajectory."""
-    from tasks.checkpoints import relative_step  # torch: only runs that branched pay for it
+    from tasks.checkpoint_reader import relative_step  # torch: only runs that branched pay for it
     from tasks.eval.evaluate import checkpoint_identity
 
     files = (meta.get("identity") or {}).get("files")

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from tasks import contract, jsonlog, storage
-from tasks.checkpoints import list_committed
+from tasks.checkpoint_reader import list_committed
 from tasks.counters import funnel
 from tasks.eval.report import run_evaluations
 from tasks.train import goodput

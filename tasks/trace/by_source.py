@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from tasks import checkpoints, storage
+from tasks import checkpoint_reader, storage
 from tasks.trace.documents import Documents
 from tasks.trace.losses import read_losses
 from tasks.trace.run import Run, open_run
@@ -55,7 +55,7 @@ def interval_ends(run: Run, every: int | None = None) -> list[int]:
     if every:
         ends = set(range(every, run.final_step + 1, every))
     else:
-        ends = {c["step"] for c in checkpoints.list_committed(run.url, checksums=False) if c["step"] <= run.final_step}
+        ends = {c["step"] for c in checkpoint_reader.list_committed(run.url, checksums=False) if c["step"] <= run.final_step}
     return sorted(ends | {run.final_step})
 
 

@@ -1,7 +1,7 @@
 """Writing checkpoints: async torch.distributed.checkpoint saves, a commit protocol, retention, resume.
 
 The layout, what *committed* and *good* mean, verification and every read (``load_state``) are
-the shared core's (``tasks/checkpoints.py``); this module writes: ``<run_dir>/checkpoints/
+the shared core's (``tasks/checkpoint_reader.py``); this module writes: ``<run_dir>/checkpoints/
 step-NNNNNNNN/`` gets DCP's files, then rank 0 commits its ``manifest.json`` once every rank's files
 are on storage.
 
@@ -62,7 +62,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from tasks import contract, eval_holds, storage
 from tasks.checksums import file_checksum
-from tasks.checkpoints import (
+from tasks.checkpoint_reader import (
     DCP_METADATA,
     KIND,
     checkpoint_problems,

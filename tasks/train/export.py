@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from tasks import checkpoints, contract, storage
+from tasks import checkpoint_reader, contract, storage
 from tasks.model_config import ModelConfig
 from tasks.train import hf
 
@@ -114,8 +114,8 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
     if max_shard_bytes <= 0:
         raise ValueError("the export's max shard size must be positive")
     out_dtype = DTYPES[dtype] if dtype else None
-    step_url = checkpoints.resolve(checkpoint_url)
-    meta, prefix, entries = checkpoints.model_entries(step_url)
+    step_url = checkpoint_reader.resolve(checkpoint_url)
+    meta, prefix, entries = checkpoint_reader.model_entries(step_url)
     if not isinstance(meta.get("model"), dict):
         raise contract.DatasetError(f"checkpoint {step_url} has no model config ('model') in its manifest meta; "
                                     "the trainer must save meta={'model': dataclasses.asdict(model_cfg), ...}")
@@ -135,7 +135,7 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
     for i, group in enumerate(groups):
         file = _shard_file(i, len(groups))
         part = {prefix + n: torch.empty(entries[n].size, dtype=entries[n].properties.dtype) for n in group}
-        checkpoints.load_state(part, step_url)
+        checkpoint_reader.load_state(part, step_url)
         tensors = {}
         for n in group:
             key, value = hf.to_hf(n, part.pop(prefix + n).to(final_dtype), model_cfg.head_dim)
@@ -168,7 +168,7 @@ def export_checkpoint(checkpoint_url: str, output_url: str, *, dtype: str | None
     smelt_meta = {
         "format": FORMAT, "model": meta["model"], "step": meta.get("step"), "tokens": meta.get("tokens"),
         "dtype": hf.TORCH_DTYPES[final_dtype], "params": params, "checkpoint": step_url,
-        "run": checkpoints.run_dir_of(step_url),
+        "run": checkpoint_reader.run_dir_of(step_url),
         "config_fingerprint": meta.get("config_fingerprint"), "data": meta.get("data"),
         "tokens_dataset": tokens.meta["url"] if tokens else None,
         "tokens_fingerprint": tokens.fingerprint if tokens else None,

@@ -236,7 +236,7 @@ def continue_run(run_dir: str, config: dict, log_line: Callable[[str], None] = l
       from it; the flow commits a new manifest when this launch finishes), and ``{"event": "continue",
       "finished_step", "steps", "time"}`` marks where the run sat idle (goodput leaves that time out).
     """
-    from tasks.checkpoints import list_committed  # torch; the flow has imported it by now
+    from tasks.checkpoint_reader import list_committed  # torch; the flow has imported it by now
     from tasks.train.identity import config_changes
 
     fs, path = storage.filesystem(storage.join(run_dir, CONFIG))

@@ -18,7 +18,7 @@ import fsspec
 import pytest
 
 from tasks import contract, jsonlog
-from tasks.checkpoints import list_branches, list_committed
+from tasks.checkpoint_reader import list_branches, list_committed
 from tasks.objectstore import StoreError, preflight
 from tasks.sample.crawl import write_sample_crawl
 from tasks.trace.ledger import ledger

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.checkpoints import list_committed
+from tasks.checkpoint_reader import list_committed
 from tasks.train.goodput import read_jsonl
 from tests.tasks.train.token_corpus import make_corpus
 

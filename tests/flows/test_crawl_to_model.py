@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks import contract, storage
-from tasks.checkpoints import list_committed
+from tasks.checkpoint_reader import list_committed
 from tasks.dedup.normalize import normalize_text
 from tasks.sample.code import load_code_ground_truth
 from tasks.sample.crawl import load_ground_truth

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tasks import contract, storage
-from tasks.checkpoints import list_committed
+from tasks.checkpoint_reader import list_committed
 from tasks.train import goodput
 from tasks.train.launch import code_version
 from tests.tasks.train.token_corpus import make_corpus

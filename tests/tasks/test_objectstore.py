@@ -49,7 +49,7 @@ def test_every_s3_client_smelt_opens_keeps_the_5_s_timeout_and_3_retries():
     whole, so a second ``config_kwargs`` anywhere would drop the retries here. Building a client opens no
     connection."""
     from tasks import storage
-    from tasks.checkpoints import storage_reader
+    from tasks.checkpoint_reader import storage_reader
     from tasks.train.checkpoint import storage_writer
 
     fs, _ = storage.filesystem("s3://smelt-nowhere/a/b")

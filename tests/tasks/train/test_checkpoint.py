@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
 from tasks import contract, eval_holds
-from tasks.checkpoints import list_committed, step_url, verify_checkpoint
+from tasks.checkpoint_reader import list_committed, step_url, verify_checkpoint
 from tasks.train import checkpoint as checkpoint_module
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import CheckpointConfig
@@ -543,7 +543,7 @@ def test_fsdp_checkpoint_reshards_from_one_rank_to_two_and_back(tmp_path):
 
 
 def test_a_step_folder_names_its_run_folder_and_anything_else_is_refused():
-    from tasks.checkpoints import relative_step, run_dir_of, step_of
+    from tasks.checkpoint_reader import relative_step, run_dir_of, step_of
 
     assert run_dir_of("s3://bucket/runs/a/checkpoints/step-00000004/") == "s3://bucket/runs/a"
     assert step_of("s3://bucket/runs/a/checkpoints/step-00000004/") == 4

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from tasks import contract
-from tasks.checkpoints import load_consolidated, step_url
+from tasks.checkpoint_reader import load_consolidated, step_url
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
 from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState

@@ -20,7 +20,7 @@ import psutil
 import pytest
 import torch
 
-from tasks.checkpoints import list_committed, load_consolidated
+from tasks.checkpoint_reader import list_committed, load_consolidated
 from tasks.train.faults import fired_faults
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import excluded_hosts, free_port, launch_training, prepare_run, start_torchrun

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tasks import lease
-from tasks.checkpoints import list_committed, load_consolidated, step_url
+from tasks.checkpoint_reader import list_committed, load_consolidated, step_url
 from tasks.contract import read_manifest
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import launch_training

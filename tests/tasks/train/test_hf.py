@@ -14,7 +14,7 @@ import torch
 
 from tasks import contract, storage
 from tasks.documents import DOCUMENT_COLUMNS, document_schema
-from tasks.checkpoints import step_url
+from tasks.checkpoint_reader import step_url
 from tasks.eval.evaluate import probe
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tasks import contract, storage
-from tasks.checkpoints import list_committed
+from tasks.checkpoint_reader import list_committed
 from tasks.errors import is_permanent
 from tasks.train import goodput
 from tasks.train.launch import (LaunchError, check_not_excluded, code_version, launch_training, prepare_run,

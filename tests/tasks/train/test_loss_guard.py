@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from tasks.checkpoints import list_committed, load_consolidated
+from tasks.checkpoint_reader import list_committed, load_consolidated
 from tasks.config import from_dict, merge_overrides
 from tasks.train.config import LossGuardConfig, TrainConfig
 from tasks.train.data import TokenLoader

@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tasks import checkpoints, contract, storage
+from tasks import checkpoint_reader, contract, storage
 from tasks.checksums import file_checksum
-from tasks.checkpoints import UnsafeCheckpointError, step_url
+from tasks.checkpoint_reader import UnsafeCheckpointError, step_url
 from tasks.eval.evaluate import load_model
 from tasks.llama import Transformer
 from tasks.model_config import preset
@@ -89,7 +89,7 @@ def rewrite_manifest(folder: Path) -> None:
         shard["bytes"] = fs.size(file)
         shard["checksum"] = file_checksum(fs, file, shard["checksum"])
     path.write_text(json.dumps(manifest))
-    assert not checkpoints.verify_checkpoint(str(folder)), "the forged checkpoint must pass verification"
+    assert not checkpoint_reader.verify_checkpoint(str(folder)), "the forged checkpoint must pass verification"
 
 
 def assert_every_loader_refuses(run_dir: Path, folder: Path, marker: Path, match: str, *,
@@ -126,7 +126,7 @@ def test_metadata_smuggling_a_payload_inside_real_metadata_is_refused(tmp_path):
     run_dir, marker = tmp_path / "run", tmp_path / "pwned"
     folder = saved(run_dir)
     with open(folder / ".metadata", "rb") as f:
-        metadata = checkpoints.read_dcp_metadata(f, "test")
+        metadata = checkpoint_reader.read_dcp_metadata(f, "test")
     metadata.planner_data = {"x": Payload(marker)}
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
     rewrite_manifest(folder)
@@ -152,7 +152,7 @@ def test_a_payload_in_a_tensor_item_is_refused(tmp_path):
     run_dir, marker = tmp_path / "run", tmp_path / "pwned"
     folder = saved(run_dir)
     with open(folder / ".metadata", "rb") as f:
-        metadata = checkpoints.read_dcp_metadata(f, "test")
+        metadata = checkpoint_reader.read_dcp_metadata(f, "test")
     index = next(i for i in metadata.storage_data if i.fqn.startswith("model_optim.model."))
     info = metadata.storage_data[index]
     data_file = folder / info.relative_path

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from tasks.checkpoints import list_committed, load_consolidated
+from tasks.checkpoint_reader import list_committed, load_consolidated
 from tasks.config import from_dict
 from tasks.trace.ledger import ledger
 from tasks.trace.run import open_run

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tasks import branches
-from tasks.checkpoints import list_branches, list_committed, step_dirs
+from tasks.checkpoint_reader import list_branches, list_committed, step_dirs
 from tasks.config import from_dict, merge_overrides
 from tasks.trace.ledger import ledger
 from tasks.trace.report import render

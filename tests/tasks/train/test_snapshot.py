@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from tasks.checkpoints import list_committed, load_consolidated
+from tasks.checkpoint_reader import list_committed, load_consolidated
 from tasks.storage import normalize_url
 from tasks.train.goodput import read_jsonl
 from tasks.train.launch import free_port, launch_training, prepare_run, start_torchrun

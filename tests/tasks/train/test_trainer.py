@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 
-from tasks import checkpoints, contract, storage
-from tasks.checkpoints import list_committed
+from tasks import checkpoint_reader, contract, storage
+from tasks.checkpoint_reader import list_committed
 from tasks.config import from_dict, merge_overrides
 from tasks.eval.evaluate import load_model
 from tasks.model_config import preset
@@ -180,7 +180,7 @@ def finish(run_dir) -> contract.Manifest:
     """What the train flow commits when a launch ends: the run's manifest naming its final checkpoint."""
     final = list_committed(str(run_dir))[-1]
     return contract.commit(str(run_dir), kind="model", fp="run-fp", shards=[], stats={},
-                           meta={"checkpoint": checkpoints.relative_step(final["step"]), "step": final["step"]})
+                           meta={"checkpoint": checkpoint_reader.relative_step(final["step"]), "step": final["step"]})
 
 
 def test_a_moved_run_folder_resumes_and_evaluates_where_it_now_is(corpus, tmp_path):
@@ -188,7 +188,7 @@ def test_a_moved_run_folder_resumes_and_evaluates_where_it_now_is(corpus, tmp_pa
     finish(tmp_path / "old")
     shutil.move(tmp_path / "old", tmp_path / "new")
 
-    step_url = checkpoints.resolve(str(tmp_path / "new"))
+    step_url = checkpoint_reader.resolve(str(tmp_path / "new"))
     assert step_url == storage.normalize_url(str(tmp_path / "new" / "checkpoints" / "step-00000002"))
     model, meta = load_model(step_url)  # eval's loader
     assert meta["step"] == 2 and sum(p.numel() for p in model.parameters()) > 0
@@ -205,12 +205,12 @@ def test_a_truncated_final_checkpoint_is_never_named_as_the_result(corpus, tmp_p
     data_file = next((tmp_path / "checkpoints" / "step-00000004").glob("*.distcp"))
     data_file.write_bytes(data_file.read_bytes()[: data_file.stat().st_size // 2])
 
-    assert checkpoints.finished_run(str(tmp_path)) is None  # the flow trains again instead of reusing it
+    assert checkpoint_reader.finished_run(str(tmp_path)) is None  # the flow trains again instead of reusing it
     with pytest.raises(contract.DatasetError, match="step-00000004 fails verification"):
-        checkpoints.resolve(str(tmp_path))  # eval and export resolve through this
+        checkpoint_reader.resolve(str(tmp_path))  # eval and export resolve through this
     resumed = train(corpus, tmp_path, "steps=4")  # and the relaunch rewrites it from the newest good one
-    assert resumed["resumed_from"] == 2 and not checkpoints.verify_checkpoint(
-        checkpoints.step_url(str(tmp_path), 4))
+    assert resumed["resumed_from"] == 2 and not checkpoint_reader.verify_checkpoint(
+        checkpoint_reader.step_url(str(tmp_path), 4))
 
 
 class Recorder(Callback):
