@@ -34,7 +34,7 @@ from tasks import contract
 from tasks.checkpoint_reader import step_url
 from tasks.llama import Transformer
 from tasks.model_config import preset
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState
+from tasks.train.checkpoint_writer import CheckpointManager, ModelOptimState
 from tasks.train.config import CheckpointConfig
 
 

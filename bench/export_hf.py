@@ -22,7 +22,7 @@ import torch
 from tasks.checkpoint_reader import step_url
 from tasks.llama import Transformer
 from tasks.model_config import preset
-from tasks.train.checkpoint import CheckpointManager
+from tasks.train.checkpoint_writer import CheckpointManager
 from tasks.train.config import CheckpointConfig
 from tasks.train.export import DTYPES, parse_size
 

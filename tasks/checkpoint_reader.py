@@ -2,7 +2,7 @@
 
 Layout: ``<run_dir>/checkpoints/step-NNNNNNNN/`` holds DCP's files (``__<rank>_<n>.distcp`` and
 ``.metadata``) and smelt's ``manifest.json`` (tasks.contract, kind ``checkpoint``),
-written last once every rank's files are on storage (``tasks/train/checkpoint.py`` writes them). A
+written last once every rank's files are on storage (``tasks/train/checkpoint_writer.py`` writes them). A
 checkpoint is *committed* iff its manifest exists and *good* iff every file it lists has the
 recorded size and checksum. LATEST is the newest good checkpoint, found by verifying, never read
 from a pointer file, so a half-written or corrupted checkpoint is reported and skipped.

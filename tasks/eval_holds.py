@@ -5,7 +5,7 @@ later (flows/evaluation.py). With a small ``checkpoint.keep_last`` the trainer's
 first, and its eval would only report it skipped. So publishing writes a hold,
 ``<run>/eval_holds/step-NNNNNNNN.json`` with an expiry (``checkpoint.eval_hold_minutes``), before the event
 goes out; the eval releases it when it has finished (or found the checkpoint gone), and retention
-(tasks/train/checkpoint.py) keeps a held step. The expiry bounds the disk a run pays when no eval ever comes
+(tasks/train/checkpoint_writer.py) keeps a held step. The expiry bounds the disk a run pays when no eval ever comes
 (no deployment trigger, a failed eval): after it, the next retention pass deletes the step as before. A hold
 that outlives the run's last save is honoured by the next retention pass, which a later launch of the run makes.
 """

@@ -251,7 +251,7 @@ MAX_LINES = 500
 LONG_MODULES = {
     "tasks/train/trainer.py": "the training loop, read top to bottom in one file like nanoGPT's train.py",
     "tasks/lease.py": "one protocol (acquire, renew, takeover, fencing) whose parts are only correct together",
-    "tasks/train/checkpoint.py": "the save protocol (stage, write, commit, retain) around one manager's state",
+    "tasks/train/checkpoint_writer.py": "the save protocol (stage, write, commit, retain) around one manager's state",
     "tasks/train/snapshot.py": "the snapshot protocol (local copy, peer replica, restore) around one store's layout",
     "infra/timing.py": "one step-time model whose terms are summed together",
     "infra/planner.py": "search, verdict and verify over one PlanInputs; being changed by another issue this session",

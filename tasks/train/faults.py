@@ -45,7 +45,7 @@ import torch
 
 from tasks import storage
 from tasks.train.callbacks import Callback
-from tasks.train.checkpoint import FAULT_CRASH_ENV
+from tasks.train.checkpoint_writer import FAULT_CRASH_ENV
 from tasks.train.config import FaultConfig
 
 log = logging.getLogger(__name__)

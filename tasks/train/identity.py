@@ -14,7 +14,7 @@ Everything else may change between launches of one run: the step budget, the opt
 schedule, the layout and world size, micro-batching and prefetch, checkpoint, watchdog, loss-guard
 and straggler settings, injected faults, and the code. The flow names the run folder
 ``<root>/train/<identity>/`` (flows/train.py), the trainer refuses to resume a checkpoint of another
-identity (tasks/train/checkpoint.py), and ``config_changes`` says what a continuing launch changed.
+identity (tasks/train/checkpoint_writer.py), and ``config_changes`` says what a continuing launch changed.
 
 No torch import (the flow and the CLI compute identities), except that an ``init_from`` folder's shape
 is read through tasks/train/hf.py.

@@ -30,7 +30,7 @@ def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
 
 class Optimizers:
     """One AdamW per model part (pipeline stage), stepped and zeroed together (checkpointed through
-    tasks.train.checkpoint.ModelOptimState, which needs each part's own optimizer).
+    tasks.train.checkpoint_writer.ModelOptimState, which needs each part's own optimizer).
 
     Matrices and embeddings get weight decay; norm weights do not (decaying a gain towards 0 only
     fights the normalisation).

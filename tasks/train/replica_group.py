@@ -46,7 +46,7 @@ from tasks import jsonlog
 from tasks.lease import Fence
 from tasks.llama import Transformer
 from tasks.train import metrics as train_metrics
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState
+from tasks.train.checkpoint_writer import CheckpointManager, ModelOptimState
 from tasks.train.config import TrainConfig
 from tasks.train.cross_entropy import token_sum_cross_entropy
 from tasks.train.data import TokenLoader

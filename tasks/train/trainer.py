@@ -37,7 +37,7 @@ from tasks.train import goodput, hf, metrics, pipeline, watchdog
 from tasks.train.agent import GEN_ENV
 from tasks.train.callbacks import Callback, Callbacks
 from tasks.checkpoint_reader import is_committed, step_dirs, step_url
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
+from tasks.train.checkpoint_writer import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import DataConfig, TrainConfig
 from tasks.train.cross_entropy import token_cross_entropy, token_sum_cross_entropy
 from tasks.train.data import TokenLoader

@@ -50,7 +50,7 @@ def test_every_s3_client_smelt_opens_keeps_the_5_s_timeout_and_3_retries():
     connection."""
     from tasks import storage
     from tasks.checkpoint_reader import storage_reader
-    from tasks.train.checkpoint import storage_writer
+    from tasks.train.checkpoint_writer import storage_writer
 
     fs, _ = storage.filesystem("s3://smelt-nowhere/a/b")
     assert attempts(fs.config_kwargs) == attempts(S3_SETTINGS)

@@ -22,8 +22,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from tasks import contract, eval_holds
 from tasks.checkpoint_reader import list_committed, step_url, verify_checkpoint
-from tasks.train import checkpoint as checkpoint_module
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
+from tasks.train import checkpoint_writer as checkpoint_module
+from tasks.train.checkpoint_writer import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import CheckpointConfig
 
 REPO = Path(__file__).resolve().parents[3]
@@ -322,7 +322,7 @@ def test_damaged_checkpoint_is_detected_and_skipped_for_the_previous_one(tmp_pat
 
     assert any(reason in p for p in verify_checkpoint(step_url(str(tmp_path), 4)))
     mgr = manager(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="tasks.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="tasks.train.checkpoint_writer"):
         assert mgr.latest_step() == 2
     assert "step-00000004 skipped" in caplog.text and reason in caplog.text
     blob = Blob(2, 64)
@@ -432,7 +432,7 @@ def test_reseed_is_deterministic_per_step_and_distinct_per_rank():
 
 CRASH_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    from tasks.train.checkpoint import CheckpointManager
+    from tasks.train.checkpoint_writer import CheckpointManager
     from tasks.train.config import CheckpointConfig
 
     class Blob:

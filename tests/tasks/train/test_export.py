@@ -18,7 +18,7 @@ from tasks import contract
 from tasks.checkpoint_reader import load_consolidated, step_url
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, RNGState
+from tasks.train.checkpoint_writer import CheckpointManager, ModelOptimState, RNGState
 from tasks.train.config import CheckpointConfig
 from tasks.train.export import export_checkpoint, load_exported, main, parse_size
 

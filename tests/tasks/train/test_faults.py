@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tasks.train.checkpoint import FAULT_CRASH_ENV
+from tasks.train.checkpoint_writer import FAULT_CRASH_ENV
 from tasks.train.config import FaultConfig
 from tasks.train.faults import Fault, FaultInjector, fired_faults, parse_faults
 

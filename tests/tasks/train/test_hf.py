@@ -23,7 +23,7 @@ from tasks.tokenize.stage import run_tokenize
 from tasks.tokenize.tokenizer import train_tokenizer
 from tasks.tokenizer_files import load_tokenizer
 from tasks.train import hf
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState
+from tasks.train.checkpoint_writer import CheckpointManager, ModelOptimState
 from tasks.train.config import CheckpointConfig
 from tasks.train.export import export_checkpoint, load_exported
 

@@ -25,7 +25,7 @@ from tasks.checkpoint_reader import UnsafeCheckpointError, step_url
 from tasks.eval.evaluate import load_model
 from tasks.llama import Transformer
 from tasks.model_config import preset
-from tasks.train.checkpoint import CheckpointManager, ModelOptimState, storage_writer
+from tasks.train.checkpoint_writer import CheckpointManager, ModelOptimState, storage_writer
 from tasks.train.config import CheckpointConfig
 from tasks.train.export import export_checkpoint
 
