@@ -11,7 +11,7 @@ ZeRO stage is not a free choice everywhere; it follows what FSDP2 does in the tr
   to the last micro-batch (``PipelineStage.backward_maybe_with_nosync``), i.e. ZeRO stage 1 memory and
   one all-gather + one reduce-scatter per step.
 
-Pipeline stages follow tasks/train/pipeline.py: 1F1B (one stage per rank), Interleaved1F1B (two,
+Pipeline stages follow tasks/train/pipeline_parallel.py: 1F1B (one stage per rank), Interleaved1F1B (two,
 round-robin) or ZBVZeroBubble (two, folded: rank 0 holds the first and the last stage); layers split
 as evenly as possible with the remainder on earlier stages, embeddings on the first stage and the output
 projection on the last. Two other splits describe other systems' runs (``stage_split``): ``balanced``
@@ -215,7 +215,7 @@ def stage_layers(n_layers: int, stages: int, style: str = "even") -> list[int]:
     if style == "torchtitan":
         layers = [base] + [base + (1 if s < extra else 0) for s in range(stages - 2)]
         return layers + [n_layers - sum(layers)] if stages > 1 else [n_layers]
-    return [base + (1 if s < extra else 0) for s in range(stages)]  # tasks/train/pipeline.py's layer_split
+    return [base + (1 if s < extra else 0) for s in range(stages)]  # tasks/train/pipeline_parallel.py's layer_split
 
 
 def _stage_split(shape: ModelShape, chunks: list[tuple[int, ...]], output_rank: int) -> StageSplit:

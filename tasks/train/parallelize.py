@@ -3,7 +3,7 @@ FP8 layers (optional) → tensor (+ sequence, + loss) parallel → activation ch
 torch.compile → FSDP2.
 
 Each ``apply_*`` takes only what it needs (the TP mesh, not the world). Pipeline splitting happens
-before this, in tasks/train/pipeline.py; each pipeline stage is parallelised on its own.
+before this, in tasks/train/pipeline_parallel.py; each pipeline stage is parallelised on its own.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One rank of an N-rank job, built and stepped on this CPU: ``--dry-run --simulate-world N [--rank R]``.
 
-The trainer's own code builds the rank (ParallelDims' mesh, pipeline.split_model and build_schedule,
+The trainer's own code builds the rank (ParallelDims' mesh, pipeline_parallel.split_model and build_schedule,
 parallelize_model: FP8 layers, the TP plan, activation checkpointing, FSDP2) and runs one step with the
 trainer's own step functions (``Trainer.forward_backward``, ``clip_grad_norm_``, ``Optimizers``), but on
 torch's fake process group (``FakeStore``: every collective returns at once, moving nothing) and under
@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tasks.llama import Transformer
-from tasks.train import pipeline
+from tasks.train import pipeline_parallel
 from tasks.train.config import TrainConfig
 from tasks.train.optim import Optimizers, clip_grad_norm_
 from tasks.train.parallel_dims import DIM_NAMES, ParallelDims
@@ -149,7 +149,7 @@ _CATEGORY_OF = {
 @contextlib.contextmanager
 def _absent_peers(boundary: torch.Tensor) -> Iterator[None]:
     """A stage's neighbours live on other ranks. Their answers, as the whole job would give them: the vote on
-    static or dynamic shapes is dynamic (no stage of pipeline.build_schedule is given example inputs), and
+    static or dynamic shapes is dynamic (no stage of pipeline_parallel.build_schedule is given example inputs), and
     the shapes a neighbour sends are those a stage boundary carries (a micro-batch's hidden states,
     sequence-sharded under TP) and their gradient."""
     from torch.distributed.pipelining import stage as stage_mod
@@ -246,7 +246,7 @@ def measure_step(cfg: TrainConfig, vocab_size: int = 0, *, fake: bool = True) ->
     world_size, rank = dist.get_world_size(), dist.get_rank()
     dims = ParallelDims.from_config(cfg.parallel, world_size)
     dims.build_mesh("cpu")
-    ids = pipeline.stage_ids(cfg.parallel.pp_schedule, dims.pp_rank, dims.pp) if dims.pp_enabled else [0]
+    ids = pipeline_parallel.stage_ids(cfg.parallel.pp_schedule, dims.pp_rank, dims.pp) if dims.pp_enabled else [0]
     batch = plan_batches(cfg.data, dims, cfg.parallel.pp_microbatches, len(ids))
     model_cfg = cfg.model_for_data(vocab_size) if vocab_size else cfg.model_config()
     if not model_cfg.vocab_size:
@@ -258,7 +258,7 @@ def measure_step(cfg: TrainConfig, vocab_size: int = 0, *, fake: bool = True) ->
     with torch.device("meta"):
         whole = Transformer(model_cfg)
     check_model_fits(whole, dims, cfg.data.seq_len, cfg.parallel.float8)
-    stages = (pipeline.split_model(whole, cfg.parallel.pp_schedule, dims.pp_rank, dims.pp) if dims.pp_enabled
+    stages = (pipeline_parallel.split_model(whole, cfg.parallel.pp_schedule, dims.pp_rank, dims.pp) if dims.pp_enabled
               else [(0, whole)])
     parts = []
     for _, part in stages:
@@ -281,7 +281,7 @@ def measure_step(cfg: TrainConfig, vocab_size: int = 0, *, fake: bool = True) ->
         step.schedule, pp_group = None, None
         if dims.pp_enabled:
             pp_group = dims.mesh["pp"].get_group()
-            step.schedule = pipeline.build_schedule(
+            step.schedule = pipeline_parallel.build_schedule(
                 list(zip([s for s, _ in stages], parts)), schedule=cfg.parallel.pp_schedule, pp=dims.pp,
                 n_microbatches=batch.pp_microbatches, loss_fn=step._loss, group=pp_group, device=device)
         optimizers = Optimizers(parts, cfg.optim, SIMULATED_DEVICE_TYPE)

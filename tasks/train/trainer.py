@@ -33,7 +33,7 @@ from tasks import branches, contract, storage
 from tasks.lease import Fence, Fenced
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
-from tasks.train import goodput, hf, metrics, pipeline, watchdog
+from tasks.train import goodput, hf, metrics, pipeline_parallel, watchdog
 from tasks.train.agent import GEN_ENV
 from tasks.train.callbacks import Callback, Callbacks
 from tasks.checkpoint_reader import is_committed, step_dirs, step_url
@@ -207,7 +207,7 @@ class Trainer:
         # 1. Layout and the batch contract.
         self.dims = ParallelDims.from_config(cfg.parallel, self.world_size)
         self.dims.build_mesh(self.device.type)
-        stage_ids = pipeline.stage_ids(cfg.parallel.pp_schedule, self.dims.pp_rank, self.dims.pp) if self.dims.pp_enabled else [0]
+        stage_ids = pipeline_parallel.stage_ids(cfg.parallel.pp_schedule, self.dims.pp_rank, self.dims.pp) if self.dims.pp_enabled else [0]
         self.batch = plan_batches(cfg.data, self.dims, cfg.parallel.pp_microbatches, len(stage_ids))
 
         # 2. Data: this rank's slice of every global batch; the vocabulary comes from its manifest.
@@ -224,7 +224,7 @@ class Trainer:
             whole = Transformer(self.model_cfg)
         check_model_fits(whole, self.dims, cfg.data.seq_len, cfg.parallel.float8)
         if self.dims.pp_enabled:
-            stages = pipeline.split_model(whole, cfg.parallel.pp_schedule, self.dims.pp_rank, self.dims.pp)
+            stages = pipeline_parallel.split_model(whole, cfg.parallel.pp_schedule, self.dims.pp_rank, self.dims.pp)
         else:
             stages = [(0, whole)]
         self.model_parts = []
@@ -238,7 +238,7 @@ class Trainer:
         self.schedule, self.pp_group = None, None
         if self.dims.pp_enabled:
             self.pp_group = self.dims.mesh["pp"].get_group()
-            self.schedule = pipeline.build_schedule(
+            self.schedule = pipeline_parallel.build_schedule(
                 list(zip([s for s, _ in stages], self.model_parts)), schedule=cfg.parallel.pp_schedule,
                 pp=self.dims.pp, n_microbatches=self.batch.pp_microbatches, loss_fn=self._loss,
                 group=self.pp_group, device=self.device,
@@ -711,7 +711,7 @@ def describe_layout(cfg: TrainConfig, *, world_size: int, vocab_size: int) -> di
         whole = Transformer(model_cfg)
     check_model_fits(whole, dims, cfg.data.seq_len, cfg.parallel.float8)
     if dims.pp_enabled:
-        ranks = [pipeline.split_model(whole, cfg.parallel.pp_schedule, r, dims.pp) for r in range(dims.pp)]
+        ranks = [pipeline_parallel.split_model(whole, cfg.parallel.pp_schedule, r, dims.pp) for r in range(dims.pp)]
     else:
         ranks = [[(0, whole)]]
     batch = plan_batches(cfg.data, dims, cfg.parallel.pp_microbatches, len(ranks[0]))

@@ -19,7 +19,7 @@ from infra.memory import (inflight_forwards, inflight_microbatches, keeps_input_
 from infra.pipeline_order import makespan, zbv_order
 from tasks.llama import Transformer
 from tasks.model_config import preset
-from tasks.train.pipeline import build_schedule, split_model
+from tasks.train.pipeline_parallel import build_schedule, split_model
 from tests.tasks.train.ranks import run_ranks
 
 SEQ, VOCAB, LAYERS = 16, 64, 16

@@ -208,7 +208,7 @@ def test_bad_efficiency_is_rejected():
 
 def test_the_planners_even_split_is_the_trainers():
     from infra.layout import stage_layers
-    from tasks.train.pipeline import layer_split
+    from tasks.train.pipeline_parallel import layer_split
     for n_layers, stages in ((126, 8), (126, 16), (80, 8), (32, 3), (10, 10)):
         assert stage_layers(n_layers, stages) == [len(r) for r in layer_split(n_layers, stages)]
 

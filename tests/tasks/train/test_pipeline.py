@@ -7,7 +7,7 @@ import torch
 
 from tasks.llama import Transformer
 from tasks.model_config import preset
-from tasks.train.pipeline import layer_split, split_model, stage_ids
+from tasks.train.pipeline_parallel import layer_split, split_model, stage_ids
 
 
 def meta_model(**overrides) -> Transformer:
