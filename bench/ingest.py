@@ -69,7 +69,7 @@ from tasks.documents import Document
 from tasks.compression import open_input
 from tasks.ingest.config import EXTRACT_ENGINES, WARC_ENGINES, IngestConfig
 from tasks.ingest.extract import extract_text
-from tasks.ingest.pipeline import build_steps, run_steps
+from tasks.ingest.work_item import build_steps, run_steps
 from tasks.ingest.readers import expand_inputs, read_documents
 from tasks.ingest.stage import run_ingest
 from tasks.parallel import ClientMap

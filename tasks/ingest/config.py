@@ -326,7 +326,7 @@ class ExtractConfig:
 
 @dataclasses.dataclass
 class OutputConfig:
-    """Document shards (tasks/ingest/pipeline.py)."""
+    """Document shards (tasks/ingest/work_item.py)."""
 
     # Fixed row-group size, so a rerun writes byte-identical shards.
     rows_per_row_group: int = 1000

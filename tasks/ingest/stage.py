@@ -16,7 +16,7 @@ from tasks import contract, storage
 from tasks.contract import Manifest, ShardInfo, ShardResult
 from tasks.counters import Stats
 from tasks.ingest.config import IngestConfig
-from tasks.ingest.pipeline import EXCLUDED, build_steps, step_names, web_item
+from tasks.ingest.work_item import EXCLUDED, build_steps, step_names, web_item
 from tasks.ingest.readers import InputError
 from tasks.parallel import MapFn, serial_map
 

@@ -36,7 +36,7 @@ from tasks.ingest.code.rules import (
     SizeFilter,
     VendoredFilter,
 )
-from tasks.ingest.pipeline import READ_STEP, ingest_item
+from tasks.ingest.work_item import READ_STEP, ingest_item
 from tasks.ingest.readers import InputError
 from tasks.ingest.stage import run_work_items
 from tasks.parallel import MapFn, serial_map

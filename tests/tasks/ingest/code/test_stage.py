@@ -18,7 +18,7 @@ from tasks.documents import Document
 from tasks.ingest.code.config import CodeIngestConfig
 from tasks.ingest.code.stage import STAGE, code_input_fingerprints, code_step_names, run_code_ingest
 from tasks.ingest.config import OutputConfig
-from tasks.ingest.pipeline import DocumentSink
+from tasks.ingest.work_item import DocumentSink
 from tasks.ingest.readers import InputError
 from tasks.counters import funnel
 from tasks.sample.code import load_code_ground_truth, write_sample_code
