@@ -40,7 +40,7 @@ from tasks.ingest.stage import run_ingest  # noqa: E402
 from tasks.llama import Transformer  # noqa: E402
 from tasks.model_config import preset  # noqa: E402
 from tasks.sample.crawl import write_sample_crawl  # noqa: E402
-from tasks.tokens import TokenStream  # noqa: E402
+from tasks.token_shards import TokenStream  # noqa: E402
 from tasks.train.checkpoint_writer import CheckpointManager, ModelOptimState  # noqa: E402
 from tasks.train.config import CheckpointConfig  # noqa: E402
 from tests.engines import seaweed  # noqa: E402

@@ -37,7 +37,7 @@ from tasks.documents import DOCUMENT_COLUMNS, document_schema
 from tasks.tokenize.config import TokenizeConfig, TokenizerConfig  # noqa: E402
 from tasks.tokenize.stage import run_tokenize  # noqa: E402
 from tasks.tokenize.tokenizer import train_tokenizer  # noqa: E402
-from tasks.tokens import TokenStream  # noqa: E402
+from tasks.token_shards import TokenStream  # noqa: E402
 from tasks.train.data import TokenLoader  # noqa: E402
 
 

@@ -20,7 +20,7 @@ Formats of the datasets stages share:
 - tokens (kind "tokens"): flat little-endian ``uint16``/``uint32`` arrays ``<split>-NNNNN.bin`` with a
   document index ``<split>-NNNNN.idx`` (int64 start offsets of each document, ``.npy`` format); EOS ends
   every document. Shard ``extra``: split, tokens, docs, dtype. Manifest ``meta``: dtype, vocab_size,
-  eos_id, bos_id, pad_id, and ``tokenizer.json`` is stored in the dataset (``tasks.tokens``).
+  eos_id, bos_id, pad_id, and ``tokenizer.json`` is stored in the dataset (``tasks.token_shards``).
 - checkpoint (kind "checkpoint"): a torch.distributed.checkpoint folder ``step-NNNNNNNN/`` whose
   ``manifest.json`` (written last) lists the DCP files with sizes and checksums.
 """

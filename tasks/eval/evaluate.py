@@ -30,7 +30,7 @@ from tasks.eval.config import EvalConfig
 from tasks.eval.samples import complete, validation_samples
 from tasks.llama import Transformer, rope_tables
 from tasks.model_config import ModelConfig
-from tasks.tokens import TokenStream
+from tasks.token_shards import TokenStream
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from tasks import contract, storage
 from tasks.eval.config import HarnessConfig
-from tasks.tokens import TokenStream
+from tasks.token_shards import TokenStream
 
 log = logging.getLogger(__name__)
 

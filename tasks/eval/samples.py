@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from tasks.eval.config import SamplesConfig
-from tasks.tokens import TokenStream
+from tasks.token_shards import TokenStream
 
 SCAN_CHUNK = 65_536  # held-out tokens read at a time while looking for documents long enough
 

@@ -1,6 +1,6 @@
 """Document shards into the tokenize stage, and how encoded documents become one token array.
 
-Token shards themselves are read and written by ``tasks/tokens.py``, shared with train and eval.
+Token shards themselves are read and written by ``tasks/token_shards.py``, shared with train and eval.
 Every document shard is verified against its manifest as it is read.
 """
 

@@ -29,7 +29,7 @@ from tasks.tokenize.config import SpecialTokens, TokenizeConfig
 from tasks.tokenize.shards import document_shards, iter_document_batches, join_documents
 from tasks.tokenize.tokenizer import hash_fraction, special_ids
 from tasks.tokenizer_files import TOKENIZER_FILE, load_tokenizer, tokenizer_json_url
-from tasks.tokens import lineage_name, token_dtype, write_token_shard
+from tasks.token_shards import lineage_name, token_dtype, write_token_shard
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class _SplitBuffer:
                  "token_start": pa.int64(), "tokens": pa.int64(), "text_bytes": pa.int64()}
         table = pa.table({name: pa.array(values, types.get(name, pa.string())) for name, values in self.lineage.items()})
         pq.write_table(table, f, compression="zstd", use_dictionary=["documents", "shard", "source", "lang"])
-        return 0  # a shard's rows count tokens (tasks/tokens.py): the lineage adds none
+        return 0  # a shard's rows count tokens (tasks/token_shards.py): the lineage adds none
 
     def joined(self) -> tuple[np.ndarray, np.ndarray]:
         return np.concatenate(self.tokens), np.concatenate(self.starts)

@@ -18,7 +18,7 @@ import numpy as np
 
 from tasks import contract, storage, verified_reads
 from tasks.tokenizer_files import TOKENIZER_FILE, load_tokenizer
-from tasks.tokens import lineage_name, read_token_shard, stream_shards
+from tasks.token_shards import lineage_name, read_token_shard, stream_shards
 from tasks.trace.run import TraceError
 from tasks.train.data import SampleSources
 

@@ -18,7 +18,7 @@ Vocabulary and the rules every part below keeps:
   ``[0, n)``: no permutation is ever materialised (a few cached blocks of 8,192 draws per
   dataset, 64 KiB each), so memory does not grow with the number of samples.
 
-Streams (``TokenStream``, ``tasks/tokens.py``) read shards through ``np.memmap``, each verified against its manifest when
+Streams (``TokenStream``, ``tasks/token_shards.py``) read shards through ``np.memmap``, each verified against its manifest when
 first mapped; shards of remote datasets are first copied (hashed on the way) into a local cache
 directory, whose copies are verified too. A background thread keeps ``prefetch`` batches ready.
 Nothing here needs torch.distributed: callers pass their data-parallel rank and size.
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.tokens import TokenStream
+from tasks.token_shards import TokenStream
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from tasks.ingest.stage import run_ingest
 from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.stage import run_tokenize
 from tasks.tokenize.tokenizer import train_tokenizer
-from tasks.tokens import read_token_shard
+from tasks.token_shards import read_token_shard
 from tasks.train.data import TokenLoader
 from tests.tasks.ingest.crawl_files import english_warc, gzip_members, write
 from tests.tasks.tokenize.conftest import TEXTS, write_documents

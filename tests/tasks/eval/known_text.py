@@ -9,7 +9,7 @@ from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
 from tasks.tokenize.config import TokenizerConfig
 from tasks.tokenize.tokenizer import build_tokenizer
-from tasks.tokens import write_token_shard
+from tasks.token_shards import write_token_shard
 
 DOCS = ["The cat sat on the mat, and then the cat ran under the big red tree. " * 6,
         "def main(argv):\n    return run(argv[1:], verbose=True)\n" * 5,

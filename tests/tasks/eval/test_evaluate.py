@@ -7,7 +7,7 @@ import torch
 from tasks.eval.evaluate import score
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
-from tasks.tokens import TokenStream
+from tasks.token_shards import TokenStream
 from tests.tasks.train.token_corpus import make_corpus
 
 

@@ -5,7 +5,7 @@ import torch
 from tasks.eval import samples
 from tasks.eval.config import SamplesConfig
 from tasks.eval.samples import complete, continue_rows, document_beginnings, validation_samples
-from tasks.tokens import TokenStream
+from tasks.token_shards import TokenStream
 from tests.tasks.eval.known_text import DOCS, known_tokens, small_model
 
 

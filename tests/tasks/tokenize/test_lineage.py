@@ -7,7 +7,7 @@ import numpy as np
 from tasks import contract, verified_reads
 from tasks.tokenize.stage import LINEAGE_COLUMNS, run_tokenize
 from tasks.tokenizer_files import load_tokenizer
-from tasks.tokens import lineage_name, read_token_shard
+from tasks.token_shards import lineage_name, read_token_shard
 
 
 def test_each_lineage_row_names_its_source_row_and_its_exact_token_range(tmp_path, docs, tokenizer_dataset, small_cfg):

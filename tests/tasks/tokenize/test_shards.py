@@ -6,7 +6,7 @@ import numpy as np
 
 from tasks import contract
 from tasks.tokenize.shards import join_documents
-from tasks.tokens import iter_token_documents, read_token_shard, token_dtype, write_token_shard
+from tasks.token_shards import iter_token_documents, read_token_shard, token_dtype, write_token_shard
 
 
 def test_ids_fit_uint16_up_to_65536_entries_then_uint32():

@@ -14,7 +14,7 @@ from tasks.checksums import file_checksum
 from tasks.tokenize.config import TokenizeConfig
 from tasks.tokenize.stage import run_tokenize
 from tasks.tokenizer_files import load_tokenizer
-from tasks.tokens import iter_token_documents, read_token_shard
+from tasks.token_shards import iter_token_documents, read_token_shard
 from tasks.train.data import TokenLoader
 from tests.tasks.tokenize.conftest import TEXTS, write_documents
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks import contract, storage, verified_reads
-from tasks.tokens import TokenStream
+from tasks.token_shards import TokenStream
 from tasks.train.data import TokenLoader, _chain, _route, permute
 
 VOCAB = 65536

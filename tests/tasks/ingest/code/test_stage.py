@@ -160,7 +160,7 @@ def web_documents(url: str, docs: int = 240, seed: int = 0) -> contract.Manifest
 
 def windows_by_content(url: str, seq_len: int) -> set[bytes]:
     """Every sample window (seq_len + 1 tokens) of a tokens dataset's train stream, as bytes."""
-    from tasks.tokens import TokenStream
+    from tasks.token_shards import TokenStream
 
     stream = TokenStream(url, "train", seq_len, cache_dir=None)
     out = np.empty((stream.samples, seq_len + 1), dtype=np.int64)
