@@ -217,7 +217,7 @@ def tokenize(
     """Encode documents into uint16/uint32 token shards with a held-out validation split."""
     _reachable(dask_address)
     from flows.config import section
-    from flows.tokens import tokenize_flow
+    from flows.tokenization import tokenize_flow
 
     _stage_command(tokenize_flow, "tokenize", input, output, root, config, set_, as_json,
                    tokenizer=tokenizer, dask_address=dask_address,
@@ -236,7 +236,7 @@ def tokenizer_train(
 ) -> None:
     """Train a byte-level BPE tokenizer on a sample of documents."""
     _reachable()
-    from flows.tokens import tokenizer_flow
+    from flows.tokenization import tokenizer_flow
 
     overrides = list(set_ or []) + ([f"tokenizer.vocab_size={vocab_size}"] if vocab_size else [])
     _stage_command(tokenizer_flow, "tokenizer", input, output, root, config, overrides, as_json)

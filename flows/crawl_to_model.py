@@ -22,7 +22,7 @@ from flows.dask_runtime import dask_cluster
 from flows.dedup import dedup_output, dedup_task
 from flows.evaluation import eval_task
 from flows.ingest import code_ingest_output, code_ingest_task, ingest_output, ingest_task
-from flows.tokens import tokenize_task, tokenizer_output, tokenizer_task, tokens_output
+from flows.tokenization import tokenize_task, tokenizer_output, tokenizer_task, tokens_output
 from flows.train import train_task
 from tasks import contract, storage
 from tasks.ingest.code.readers import expand_code_inputs

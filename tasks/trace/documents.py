@@ -2,7 +2,7 @@
 
 A global sample index goes through the loader's own order (``data.SampleSources``, built from the run's
 ``lineage.json``) to a window of one tokens dataset's training stream, ``[s·seq_len, s·seq_len + seq_len + 1)``;
-the stream is the split's ``.bin`` shards in order (``tokens.stream_shards``), and each shard's lineage
+the stream is the split's ``.bin`` shards in order (``token_shards.stream_shards``), and each shard's lineage
 (``.docs.parquet``, written by tokenize) says which document starts where. The excerpt is cut from the
 document's text in its documents dataset at the character offsets the tokenizer gives when it encodes
 that text again; the encoding is compared with the shard's tokens, so ``exact`` says the mapping holds.
