@@ -96,7 +96,7 @@ sys.path.insert(0, str(REPO))
 
 from tasks.checkpoint_reader import list_committed, load_consolidated  # noqa: E402
 from tasks.contract import code_version  # noqa: E402
-from tasks.train.launch import free_port, prepare_run, start_torchrun  # noqa: E402
+from tasks.train.node_launch import free_port, prepare_run, start_torchrun  # noqa: E402
 from tests.tasks.train.token_corpus import make_corpus  # noqa: E402
 
 KINDS = ("rank_kill", "node_kill", "hang", "kill_snapshot", "kill_replicate", "kill_save", "corrupt_snapshot")

@@ -60,7 +60,7 @@ from tasks.config import from_dict
 from tasks.train import replicas
 from tasks.train.config import TrainConfig
 from tasks.train.faults import fired_faults
-from tasks.train.launch import prepare_run
+from tasks.train.node_launch import prepare_run
 
 LAYOUTS = {"2x1": 1, "2x2": 2}  # name → ranks per group
 KINDS = ("rank_kill", "group_kill", "hang", "lighthouse_kill")

@@ -1,5 +1,5 @@
 """One CPU rank's training step of the demo model with glibc's default allocator settings and with the ones
-every rank is started with (``tasks/train/launch.py``'s ``RANK_MALLOC_ENV``).
+every rank is started with (``tasks/train/node_launch.py``'s ``RANK_MALLOC_ENV``).
 
 With glibc's defaults a block above the mmap threshold (32 MiB at most, and a demo rank's logits are 2,048 x
 4,096 fp32 = 32 MiB) is unmapped when freed and page-faulted back in on the next step. Each variant runs in
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from tasks.train.launch import RANK_MALLOC_ENV
+from tasks.train.node_launch import RANK_MALLOC_ENV
 
 DEFAULTS = {key: "" for key in RANK_MALLOC_ENV}  # unset: glibc's own (dynamic) thresholds
 

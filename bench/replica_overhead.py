@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tasks.train.config import ReplicaConfig  # noqa: E402
-from tasks.train.launch import free_port  # noqa: E402
+from tasks.train.node_launch import free_port  # noqa: E402
 from tasks.train.replicas import Lighthouse  # noqa: E402
 
 

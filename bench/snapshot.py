@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from tasks.train.agent import NodeAgent  # noqa: E402
 from tasks.train.goodput import read_jsonl  # noqa: E402
-from tasks.train.launch import free_port, prepare_run  # noqa: E402
+from tasks.train.node_launch import free_port, prepare_run  # noqa: E402
 from train_cpu import write_random_tokens  # noqa: E402 - bench/, this script's folder, is on sys.path
 
 

@@ -33,7 +33,7 @@ from tasks.lease import Lease, LeaseError
 from tasks.objectstore import preflight_all
 from tasks.train.config import TrainConfig, parse_data
 from tasks.train.identity import STAGE, run_identity
-from tasks.train.launch import RUN_KIND, launch_training, preflight, take_run_lease
+from tasks.train.node_launch import RUN_KIND, launch_training, preflight, take_run_lease
 from tasks.train.stragglers import REPORT as STRAGGLER_REPORT
 
 CHECKPOINT_EVENT = "smelt.checkpoint.committed"

@@ -84,7 +84,7 @@ safe; the holder's own ``keep_alive`` counts time on the monotonic clock.
 
 Where it is used:
 
-- the launcher (``tasks/train/launch.py``: ``take_run_lease``, ``launch_training``) and the train task
+- the launcher (``tasks/train/node_launch.py``: ``take_run_lease``, ``launch_training``) and the train task
   (``flows/train.py``, which holds it from its finished-run check to the run's manifest) renew it with
   ``keep_alive`` and stop the ranks when it is lost; the ranks get the epoch as ``SMELT_LEASE_EPOCH``.
 - the trainer's ``Fence``: rank 0 checks once per step and before ``summary.json``; checkpoint commits

@@ -25,7 +25,7 @@ class SubmitError(RuntimeError):
 @dataclass
 class JobSpec:
     run_dir: str
-    train_args: list[str]  # tasks.train.main arguments (tasks.train.launch.prepare_run)
+    train_args: list[str]  # tasks.train.main arguments (tasks.train.node_launch.prepare_run)
     nodes: int = 1
     procs_per_node: int = 1  # GPUs per node on a GPU cluster: one rank per GPU
     gpus_per_node: int = 0  # 0: a CPU job
@@ -59,7 +59,7 @@ class JobSpec:
 
     def torchrun(self, run_id: str, python: str | None = None) -> list[str]:
         """This job's torchrun command line for every node's agent; the host is ``HEAD``."""
-        from tasks.train.launch import torchrun_command
+        from tasks.train.node_launch import torchrun_command
 
         cmd = torchrun_command(self.procs_per_node, self.train_args, run_id, self.max_restarts, self.rdzv_port,
                                nnodes=str(self.nodes), rdzv_host=HEAD)

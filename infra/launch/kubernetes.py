@@ -20,7 +20,7 @@ from __future__ import annotations
 import yaml
 
 from infra.launch.job import JobSpec, shell_line
-from tasks.train.launch import TORCHRUN_ENV
+from tasks.train.node_launch import TORCHRUN_ENV
 
 CACHE_DIR = "/var/cache/smelt"
 

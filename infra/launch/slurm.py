@@ -24,7 +24,7 @@ from pathlib import Path
 
 from infra.launch.job import JobSpec, SubmitError, shell_line
 from tasks.repo import REPO_ROOT
-from tasks.train.launch import TORCHRUN_ENV
+from tasks.train.node_launch import TORCHRUN_ENV
 
 
 def _time(minutes: int) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from infra.launch import kubernetes, slurm
 from infra.launch.job import JobSpec
-from tasks.train.launch import prepare_run
+from tasks.train.node_launch import prepare_run
 
 ENGINES = ("slurm", "kubernetes")
 

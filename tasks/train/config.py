@@ -4,7 +4,7 @@ layout, optimizer, data, checkpoints.
 Plain dataclasses with no torch import, so the planner (``infra/``) and the CLI can read the same
 config the trainer builds. Every value is checked when the config is built (``__post_init__``), so a
 mistake is one sentence at load time, before anything launches; what needs the world size or the
-data (layout divisibility, vocabulary) is checked by ``tasks.train.launch.preflight``.
+data (layout divisibility, vocabulary) is checked by ``tasks.train.node_launch.preflight``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``<run_dir>/exclude_hosts.json``: hosts to keep out of the next launch, written by straggler detection
-(tasks/train/stragglers.py, on rank 0) and read by the launcher (tasks/train/launch.py). No torch, so the
+(tasks/train/stragglers.py, on rank 0) and read by the launcher (tasks/train/node_launch.py). No torch, so the
 launcher reads it without importing the trainer.
 """
 

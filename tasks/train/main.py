@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data and not (args.dry_run and args.simulate_world):
         parser.error("--data is required (unless --dry-run --simulate-world)")
 
-    from tasks.train.launch import preflight  # torch import: after argument errors
+    from tasks.train.node_launch import preflight  # torch import: after argument errors
     from tasks.train.trainer import Trainer
 
     if args.spare:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 def simulate(cfg: TrainConfig, data: list[str] | None, world_size: int, rank: int) -> dict:
     """One simulated rank (tasks/train/simulate_world.py) beside the planner's figures for it (infra/memory.py)."""
     from infra.memory import planned_for_trainer
-    from tasks.train.launch import data_vocab_size
+    from tasks.train.node_launch import data_vocab_size
     from tasks.train.simulate_world import simulate_rank
 
     vocab = data_vocab_size(parse_data(data)) if data else 0

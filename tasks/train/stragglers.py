@@ -21,7 +21,7 @@ Reports, on rank 0: a warning naming the rank and host, ``straggler_max_ratio`` 
 ``stragglers`` in the step's metrics record, and ``<run_dir>/stragglers.json`` rewritten each
 window (the train flow publishes it). With ``write_exclude_list``, flagged hosts are also written
 to ``<run_dir>/exclude_hosts.json``, which the launcher reads on the next launch
-(tasks/train/launch.py: on one host it can only report them).
+(tasks/train/node_launch.py: on one host it can only report them).
 """
 
 from __future__ import annotations

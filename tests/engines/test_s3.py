@@ -25,7 +25,7 @@ from tasks.trace.ledger import ledger
 from tasks.trace.run import open_run
 from tasks.train.export import export_checkpoint
 from tasks.train.goodput import read_jsonl
-from tasks.train.launch import launch_training
+from tasks.train.node_launch import launch_training
 from tests.engines.conftest import BUCKET
 from tests.flows.tiny_run import TINY_RUN
 from tests.tasks.train.token_corpus import make_corpus

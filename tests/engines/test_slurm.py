@@ -45,7 +45,7 @@ def launch(cluster, tmp_path: Path, name: str, sets: list[str], *extra: str) -> 
 
 
 def _free_port() -> int:
-    from tasks.train.launch import free_port
+    from tasks.train.node_launch import free_port
 
     return free_port()
 

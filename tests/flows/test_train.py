@@ -17,7 +17,7 @@ import pytest
 from tasks import contract, storage
 from tasks.checkpoint_reader import list_committed
 from tasks.train import goodput
-from tasks.train.launch import code_version
+from tasks.train.node_launch import code_version
 from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow

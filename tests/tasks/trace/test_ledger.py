@@ -11,7 +11,7 @@ import pytest
 from tasks import jsonlog
 from tasks.trace.ledger import ledger
 from tasks.trace.run import open_run
-from tasks.train.launch import launch_training
+from tasks.train.node_launch import launch_training
 from tests.tasks.train.token_corpus import make_corpus
 
 BATCH = 4

@@ -23,7 +23,7 @@ import torch
 from tasks.checkpoint_reader import list_committed, load_consolidated
 from tasks.train.faults import fired_faults
 from tasks.train.goodput import read_jsonl
-from tasks.train.launch import excluded_hosts, free_port, launch_training, prepare_run, start_torchrun
+from tasks.train.node_launch import excluded_hosts, free_port, launch_training, prepare_run, start_torchrun
 from tests.tasks.train.processes import follow, kill_tree, listening, wait_for
 from tests.tasks.train.token_corpus import make_corpus
 

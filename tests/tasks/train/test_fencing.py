@@ -23,7 +23,7 @@ from tasks import lease
 from tasks.checkpoint_reader import list_committed, load_consolidated, step_url
 from tasks.contract import read_manifest
 from tasks.train.goodput import read_jsonl
-from tasks.train.launch import launch_training
+from tasks.train.node_launch import launch_training
 from tests.tasks.train.processes import follow, kill_tree, wait_for
 from tests.tasks.train.token_corpus import make_corpus
 
@@ -39,7 +39,7 @@ LEASE_TIMEOUT_S = 6.0
 # The launcher as `smelt train` runs it (flows/train.py calls launch_training), in a process of its own.
 LAUNCHER = """
 import json, sys
-from tasks.train.launch import LaunchError, launch_training
+from tasks.train.node_launch import LaunchError, launch_training
 config, corpus, run_dir, timeout, wait = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
 try:
     result = launch_training(data={"main": corpus}, config=config, run_dir=run_dir, nproc=2, max_restarts=1,

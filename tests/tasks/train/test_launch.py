@@ -18,7 +18,7 @@ from tasks import contract, storage
 from tasks.checkpoint_reader import list_committed
 from tasks.errors import is_permanent
 from tasks.train import goodput
-from tasks.train.launch import (LaunchError, check_not_excluded, code_version, launch_training, prepare_run,
+from tasks.train.node_launch import (LaunchError, check_not_excluded, code_version, launch_training, prepare_run,
                                 torchrun_command)
 from tests.tasks.train.token_corpus import make_corpus
 

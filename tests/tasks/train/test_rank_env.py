@@ -1,4 +1,4 @@
-"""Ranks start with glibc's allocator keeping freed memory (launch.RANK_MALLOC_ENV), unless the caller says otherwise."""
+"""Ranks start with glibc's allocator keeping freed memory (node_launch.RANK_MALLOC_ENV), unless the caller says otherwise."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import os
 import subprocess
 import sys
 
-from tasks.train import launch
+from tasks.train import node_launch
 
 
 def test_ranks_keep_freed_memory_unless_the_caller_sets_the_allocator(monkeypatch):
-    for key in launch.RANK_MALLOC_ENV:
+    for key in node_launch.RANK_MALLOC_ENV:
         monkeypatch.delenv(key, raising=False)
-    assert launch.rank_malloc_env() == {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+    assert node_launch.rank_malloc_env() == {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**30)}
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
-    assert launch.rank_malloc_env() == {"MALLOC_TRIM_THRESHOLD_": str(2**30)}
+    assert node_launch.rank_malloc_env() == {"MALLOC_TRIM_THRESHOLD_": str(2**30)}
 
 
 def test_a_rank_step_stops_page_faulting_its_logits_back_in():
@@ -29,14 +29,14 @@ def test_a_rank_step_stops_page_faulting_its_logits_back_in():
               "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
               "for _ in range(10): step()\n"
               "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
-    base = {k: v for k, v in os.environ.items() if k not in launch.RANK_MALLOC_ENV}
+    base = {k: v for k, v in os.environ.items() if k not in node_launch.RANK_MALLOC_ENV}
 
     def faults(env: dict[str, str]) -> int:
         out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
                              check=True)
         return int(out.stdout.split()[-1])
 
-    default, rank = faults(base), faults({**base, **launch.rank_malloc_env()})
+    default, rank = faults(base), faults({**base, **node_launch.rank_malloc_env()})
     assert default > 10 * 2**25 // 4096  # at least one 32 MiB block (8,192 pages) faulted in per step
     # at least 4x fewer: alone here over 10x; 6.7x inside the full suite (328,233 against 49,057 faults)
     assert rank < default / 4, (default, rank)

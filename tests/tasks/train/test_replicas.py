@@ -20,7 +20,7 @@ from tasks.trace.run import open_run
 from tasks.train import replicas
 from tasks.train.config import TrainConfig
 from tasks.train.faults import fired_faults
-from tasks.train.launch import prepare_run
+from tasks.train.node_launch import prepare_run
 from tasks.train.replica_group import batch_shares, micro_batch
 from tests.tasks.train.token_corpus import make_corpus
 
@@ -160,7 +160,7 @@ def test_the_lighthouse_killed_and_restarted_mid_run_loses_no_step(corpus, refer
 
 @pytest.mark.slow
 def test_launch_training_with_train_ft_runs_the_groups_and_returns_the_runs_summary(corpus, tmp_path):
-    from tasks.train.launch import launch_training
+    from tasks.train.node_launch import launch_training
 
     result = launch_training(data={"main": corpus}, config=replica_config(steps=4), run_dir=str(tmp_path / "run"),
                              nproc=2, timeout_s=WAIT_S, log=lambda line: None)
@@ -305,7 +305,7 @@ def test_one_stopped_rank_of_a_two_rank_group_is_found_and_its_group_restarted(c
 def test_a_replica_run_launched_again_with_more_steps_resumes_from_its_newest_checkpoint(corpus, tmp_path):
     """A launch (a continuation, a Prefect retry) is not a restart: every group loads the newest storage
     checkpoint at once and they step on together; no group waits ft.timeout_s for a peer to heal from."""
-    from tasks.train.launch import launch_training
+    from tasks.train.node_launch import launch_training
 
     run_dir = str(tmp_path / "run")
     lines: list[str] = []

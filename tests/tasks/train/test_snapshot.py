@@ -20,7 +20,7 @@ import torch
 from tasks.checkpoint_reader import list_committed, load_consolidated
 from tasks.storage import normalize_url
 from tasks.train.goodput import read_jsonl
-from tasks.train.launch import free_port, launch_training, prepare_run, start_torchrun
+from tasks.train.node_launch import free_port, launch_training, prepare_run, start_torchrun
 from tasks.train.snapshot import (
     SnapshotError,
     SnapshotStore,
