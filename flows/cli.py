@@ -476,9 +476,9 @@ def _preflight_stores(argv: list[str]) -> None:
 
 
 def main() -> None:
-    """Entry point: user mistakes become one sentence on stderr and exit code 2."""
-    from tasks.config import ConfigError
-    from tasks.errors import StageFailed
+    """Entry point: user errors (tasks.errors.UserError, ConfigError among them) are one sentence, exit 2; bugs keep a traceback."""
+    from tasks.contract import DatasetError
+    from tasks.errors import StageFailed, UserError
 
     from infra.launch.job import SubmitError
     from tasks.objectstore import StoreError
@@ -490,7 +490,7 @@ def main() -> None:
         app()
     except StageFailed:
         sys.exit(2)  # the flow run's last log line is already the sentence (flows/common.fails_in_one_sentence)
-    except (ConfigError, DatasetError, FileNotFoundError, ValueError, StoreError, SubmitError) as e:
+    except (UserError, DatasetError, FileNotFoundError, StoreError, SubmitError) as e:
         # messages name [sections]: not markup; one line however long, so a log keeps it whole
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         sys.exit(2)

@@ -25,6 +25,7 @@ from flows.ingest import code_ingest_output, code_ingest_task, ingest_output, in
 from flows.tokenization import tokenize_task, tokenizer_output, tokenizer_task, tokens_output
 from flows.train import train_task
 from tasks import contract, storage
+from tasks.errors import UserError
 from tasks.ingest.code.readers import expand_code_inputs
 from tasks.ingest.readers import expand_inputs
 from tasks.objectstore import preflight_all
@@ -144,7 +145,7 @@ def crawl_to_model(inputs: list[str] | None = None, code_inputs: list[str] | Non
         sample = sample_task(root)
         inputs, code_inputs = sample["web"], sample["code"]
     if not inputs:
-        raise ValueError("give crawl inputs (--input) as well as code inputs: the web branch is required")
+        raise UserError("give crawl inputs (--input) as well as code inputs: the web branch is required")
     # globbed once: every stage below (and its fingerprint) reads these lists of files
     inputs = expand_inputs(inputs)
     code_inputs = expand_code_inputs(code_inputs, cfg.ingest_code.reader) if code_inputs else []

@@ -14,6 +14,7 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
+from tasks.errors import UserError
 from tasks.parallel import ClientMap
 
 T = TypeVar("T")
@@ -28,12 +29,12 @@ def check_scheduler(address: str, timeout_s: float = 5.0) -> None:
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"--dask-address {address!r} is not a scheduler address like tcp://host:8786")
+        raise UserError(f"--dask-address {address!r} is not a scheduler address like tcp://host:8786")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as e:
         reason = "connection refused" if isinstance(e, ConnectionRefusedError) else (e.strerror or str(e) or "timed out")
-        raise ValueError(f"cannot reach the Dask scheduler at {address}: {reason}") from None
+        raise UserError(f"cannot reach the Dask scheduler at {address}: {reason}") from None
 
 
 @contextlib.contextmanager

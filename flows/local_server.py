@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from tasks.errors import UserError
 from tasks.repo import REPO_ROOT
 
 STATE_DIR = REPO_ROOT / ".smelt-server"
@@ -184,5 +185,5 @@ def check_api_url(timeout_s: float = 3.0) -> None:
     """If ``PREFECT_API_URL`` is set, fail at once, in one sentence, when no server answers there."""
     api_url = os.environ.get("PREFECT_API_URL")
     if api_url and not api_reachable(api_url, timeout_s):
-        raise ValueError(f"no Prefect server answers at PREFECT_API_URL={api_url}; start one with "
+        raise UserError(f"no Prefect server answers at PREFECT_API_URL={api_url}; start one with "
                          "`smelt server start`, or unset PREFECT_API_URL to run with a temporary local server")

@@ -30,6 +30,7 @@ import time
 
 from tasks import contract, storage
 from tasks.checkpoint_layout import CHECKPOINTS_DIR, step_dirs
+from tasks.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +47,20 @@ def parse_skip_steps(text: str | None) -> tuple[int, int] | None:
     try:
         a, b = int(first), int(last or first)
     except ValueError:
-        raise ValueError(f"--skip-steps {text!r} is not A:B (two step numbers, first ≤ last)") from None
+        raise UserError(f"--skip-steps {text!r} is not A:B (two step numbers, first ≤ last)") from None
     if (not sep and last) or a < 1 or b < a:
-        raise ValueError(f"--skip-steps {text!r} is not A:B (two step numbers, 1 ≤ first ≤ last)")
+        raise UserError(f"--skip-steps {text!r} is not A:B (two step numbers, 1 ≤ first ≤ last)")
     return a, b
 
 
 def check_request(resume_from: int | None, skip_steps: tuple[int, int] | None) -> None:
     """One sentence for a request the trainer cannot serve, before any rank starts."""
     if skip_steps is not None and resume_from is None:
-        raise ValueError("--skip-steps needs --resume-from: the skipped steps must follow the checkpoint resumed from")
+        raise UserError("--skip-steps needs --resume-from: the skipped steps must follow the checkpoint resumed from")
     if resume_from is not None and resume_from < 1:
-        raise ValueError(f"--resume-from {resume_from}: checkpoints are numbered from step 1")
+        raise UserError(f"--resume-from {resume_from}: checkpoints are numbered from step 1")
     if skip_steps is not None and skip_steps[0] <= resume_from:
-        raise ValueError(f"--skip-steps {skip_steps[0]}:{skip_steps[1]} must name steps after --resume-from "
+        raise UserError(f"--skip-steps {skip_steps[0]}:{skip_steps[1]} must name steps after --resume-from "
                          f"{resume_from} (those before are already in its weights)")
 
 

@@ -15,12 +15,13 @@ unpickles" below); ``load_state`` is the one reader of DCP files (resume, rollba
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import pickle
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 import torch
@@ -40,9 +41,16 @@ from tasks.lease import EPOCH_KEY, commit_superseded
 
 log = logging.getLogger(__name__)
 
-# DCP warns on every single-process save/load even when asked for one (no_dist=True); here a single
-# process without torch.distributed is a supported setup (laptop runs, eval, export), not a mistake.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+@contextlib.contextmanager
+def single_process_quietly() -> Iterator[None]:
+    """Around DCP's save and load calls: DCP warns on every single-process one even when asked for it
+    (no_dist=True); here a single process without torch.distributed is a supported setup (laptop runs,
+    eval, export), not a mistake. Scoped to the calls, so importing smelt changes no warning filter."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 KIND = "checkpoint"
 DCP_METADATA = ".metadata"
@@ -192,8 +200,9 @@ def load_state(state_dict: dict, url: str, *, process_group=None, no_dist: bool 
     reader = storage_reader(url)
     reader.read_metadata()  # refuses a crafted .metadata before DCP's collectives start
     try:
-        dcp.load(state_dict, storage_reader=reader, planner=LoadPlanner(), process_group=process_group,
-                 no_dist=no_dist)
+        with single_process_quietly():
+            dcp.load(state_dict, storage_reader=reader, planner=LoadPlanner(), process_group=process_group,
+                     no_dist=no_dist)
     except CheckpointException as e:
         for exc, _ in e.failures.values():
             if isinstance(exc, UnsafeCheckpointError):

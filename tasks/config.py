@@ -17,10 +17,12 @@ from typing import Any, TypeVar
 
 import fsspec
 
+from tasks.errors import UserError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A user mistake in a config file or override; the message names the key and the fix."""
 
 

@@ -66,6 +66,14 @@ def one_sentence(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+class UserError(ValueError):
+    """The person's input is at fault (a config value, a command-line argument, a missing or refused
+    input), not smelt's code: the CLI prints its one sentence and exits 2. A plain ValueError is a
+    bug's and keeps its traceback. A ValueError subclass so callers that catch ValueError still do."""
+
+    permanent = True
+
+
 class StageFailed(Exception):
     """A stage stopped on a permanent error; ``str()`` is the one sentence, ``log_path`` holds the traceback."""
 

@@ -35,6 +35,7 @@ from tasks.counters import Stats
 from tasks.storage import filesystem, normalize_url
 from tasks.documents import Document
 from tasks.ingest.base import doc_id
+from tasks.errors import UserError
 from tasks.ingest.config import ReaderConfig
 from tasks.ingest.warc import read_warc, read_wet
 from tasks.records import read_json_lines, read_parquet_rows
@@ -53,7 +54,7 @@ FORMAT_SUFFIXES: tuple[tuple[str, str], ...] = (
 GLOB_CHARS = "*?["
 
 
-class InputError(ValueError):
+class InputError(UserError):
     """An input URL that names nothing readable; the message names it."""
 
 

@@ -15,11 +15,12 @@ import json
 from dataclasses import dataclass, field
 
 from tasks import branches as branch_records, jsonlog, storage
+from tasks.errors import UserError
 
 METRICS, EVENTS, SKIPPED, LINEAGE = "metrics.jsonl", "events.jsonl", "skipped.jsonl", "lineage.json"
 
 
-class TraceError(ValueError):
+class TraceError(UserError):
     """A run folder or dataset trace cannot read; the message is one sentence."""
 
 

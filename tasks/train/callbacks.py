@@ -2,7 +2,8 @@
 
 The trainer calls one ``Callbacks`` fan-out at each point, in the order a step meets them; every
 hook is a no-op by default, so a callback implements only what it needs. Fault injection
-(``tasks/train/faults.py``) is one such callback.
+(``tasks/train/faults.py``) is one such callback, given by the rank's entry point (tasks/train/main.py):
+the trainer itself has no code for tests.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class Callback:
 
     def on_snapshot(self, step: int, snapshots) -> None:
         """Just after the in-memory snapshot of ``step`` started (its copy and replication in flight)."""
+
+    def on_checkpoint_written(self, step: int) -> None:
+        """This rank's files of the step-``step`` checkpoint are on storage, its manifest not yet written
+        (on the checkpointer's commit thread, not the training loop's)."""
 
 
 class Callbacks(Callback):
@@ -63,3 +68,7 @@ class Callbacks(Callback):
     def on_snapshot(self, step: int, snapshots) -> None:
         for cb in self.callbacks:
             cb.on_snapshot(step, snapshots)
+
+    def on_checkpoint_written(self, step: int) -> None:
+        for cb in self.callbacks:
+            cb.on_checkpoint_written(step)

@@ -19,23 +19,23 @@ otherwise reseeded deterministically from (seed, step, rank).
 
 Nothing pickled: ``SavePlanner`` stores non-tensor values as the core's JSON (``encode_object``).
 
-Fault hook: ``SMELT_FAULT_CRASH_IN_SAVE=<step>`` makes every rank exit (``os._exit(1)``) after
-DCP has written that step's files and before the manifest, leaving an uncommitted checkpoint.
+``on_written(step)``, if given, runs on the commit thread once this rank's files of a step are on
+storage and before the manifest (fault injection's crash_in_save exits there: tasks/train/faults.py).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import io
 import json
 import logging
-import os
 import random
 import time
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,7 @@ from tasks.checkpoint_reader import (
     encode_object,
     is_committed,
     load_state,
+    single_process_quietly,
     step_dirs,
     step_url,
 )
@@ -79,10 +80,15 @@ from tasks.train.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
 
-# Rewriting a step (after a rollback) is intended and logged by _uncommit.
-warnings.filterwarnings("ignore", message="Detected an existing checkpoint in")
 
-FAULT_CRASH_ENV = "SMELT_FAULT_CRASH_IN_SAVE"
+
+@contextlib.contextmanager
+def _save_quietly() -> Iterator[None]:
+    """Around DCP's save calls: rewriting a step (after a rollback) is intended and logged by _uncommit, and a
+    single process is a supported setup (tasks/checkpoint_reader.py single_process_quietly)."""
+    with single_process_quietly(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected an existing checkpoint in")
+        yield
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,7 +236,8 @@ class CheckpointManager:
     """
 
     def __init__(self, run_dir_url: str, cfg: CheckpointConfig, *, rank: int, world_size: int,
-                 config_fingerprint: str, process_group=None, fence: Fence | None = None) -> None:
+                 config_fingerprint: str, process_group=None, fence: Fence | None = None,
+                 on_written: Callable[[int], None] | None = None) -> None:
         distributed = dist.is_available() and dist.is_initialized()
         if distributed and (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
             raise ValueError(f"CheckpointManager got rank {rank} of {world_size}, but torch.distributed says "
@@ -248,6 +255,7 @@ class CheckpointManager:
         self.config_fingerprint = config_fingerprint
         self.fence = fence or Fence(self.run_dir_url, None)  # the lease epoch every commit and deletion checks
         self.blocked_s = 0.0
+        self.on_written = on_written or (lambda step: None)  # see the module docstring
         self._distributed = distributed
         # DCP runs its collectives on a background thread (or process): on the default group they
         # would interleave with training's, so checkpoint traffic gets its own gloo group.
@@ -296,19 +304,21 @@ class CheckpointManager:
         staging: concurrent.futures.Future | None = None
         if self.cfg.async_mode == "off":
             try:
-                metadata = dcp.save(app_state, storage_writer=writer, planner=SavePlanner(),
-                                    process_group=self._group, no_dist=not self._distributed)
+                with _save_quietly():
+                    metadata = dcp.save(app_state, storage_writer=writer, planner=SavePlanner(),
+                                        process_group=self._group, no_dist=not self._distributed)
             except CheckpointException as e:  # a non-JSON value: say which, not DCP's per-rank traceback
                 raise next((exc for exc, _ in e.failures.values() if isinstance(exc, TypeError)), e) from None
             self._commit(step, url, _done_future(metadata), write_started, meta_json)
             commit = _done_future()
         else:
-            response = dcp.async_save(
-                app_state, storage_writer=writer, planner=SavePlanner(), process_group=self._group,
-                async_checkpointer_type=(AsyncCheckpointerType.PROCESS if self.cfg.async_mode == "process"
-                                         else AsyncCheckpointerType.THREAD),
-                async_stager=self._stager, no_dist=not self._distributed,
-            )
+            with _save_quietly():
+                response = dcp.async_save(
+                    app_state, storage_writer=writer, planner=SavePlanner(), process_group=self._group,
+                    async_checkpointer_type=(AsyncCheckpointerType.PROCESS if self.cfg.async_mode == "process"
+                                             else AsyncCheckpointerType.THREAD),
+                    async_stager=self._stager, no_dist=not self._distributed,
+                )
             if isinstance(response, AsyncSaveResponse):
                 staging, upload = response.staging_completion, response.upload_completion
             else:
@@ -399,9 +409,7 @@ class CheckpointManager:
         """Runs after this rank's writes: hash own files, gather to rank 0, which writes the manifest last."""
         metadata = upload.result()
         write_s = time.monotonic() - started
-        if os.environ.get(FAULT_CRASH_ENV) == str(step):
-            log.error("%s=%d: exiting before the manifest of %s", FAULT_CRASH_ENV, step, url)
-            os._exit(1)
+        self.on_written(step)
         hash_started = time.monotonic()
         shards = self._hash_own_files(url, metadata)
         if self._distributed and self.world_size > 1:

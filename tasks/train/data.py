@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tasks.errors import UserError
 from tasks.token_shards import TokenStream
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ class TokenLoader:
         cache_dir: str | None = None,
     ) -> None:
         if not datasets:
-            raise ValueError("the loader needs at least one tokens dataset (name -> URL)")
+            raise UserError("the loader needs at least one tokens dataset (name -> URL)")
         if seq_len < 1 or global_batch < 1:
             raise ValueError(f"seq_len ({seq_len}) and global_batch ({global_batch}) must be positive")
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
@@ -260,10 +261,10 @@ class TokenLoader:
         if weights is None:
             weights = {n: float(s.samples) for n, s in zip(self.names, self._streams)}
         if sorted(weights) != self.names:
-            raise ValueError(f"mixture weights name {sorted(weights)} but the datasets are {self.names}; use the same names")
+            raise UserError(f"mixture weights name {sorted(weights)} but the datasets are {self.names}; use the same names")
         bad = [n for n, w in weights.items() if not (w > 0 and math.isfinite(w))]
         if bad:
-            raise ValueError(f"mixture weight of {bad[0]!r} must be a positive number, got {weights[bad[0]]!r}")
+            raise UserError(f"mixture weight of {bad[0]!r} must be a positive number, got {weights[bad[0]]!r}")
         total = sum(weights.values())
         return {n: round(weights[n] / total, 12) for n in self.names}
 

@@ -1,7 +1,8 @@
 """Fault injection: kill, stop, slow down or poison a rank on cue, to prove the run survives it.
 
 Off unless asked for, by ``[train.faults] inject`` or the ``SMELT_FAULTS`` environment variable
-(both are read, same syntax): faults separated by ``;``, each ``kind:key=value,...``.
+(both are read, same syntax). The trainer knows nothing of faults: ``fault_callbacks`` gives the rank's
+entry point (tasks/train/main.py) the callbacks it passes to the Trainer (tasks/train/callbacks.py): faults separated by ``;``, each ``kind:key=value,...``.
 
     kill:rank=1,step=7            SIGKILL rank 1 at the start of step 7
     kill:rank=0,step=6,at=save    ... just after the step-6 checkpoint save started (its files in flight;
@@ -15,7 +16,7 @@ Off unless asked for, by ``[train.faults] inject`` or the ``SMELT_FAULTS`` envir
     corrupt_snapshot:rank=1,step=7  at the start of step 7, flip a byte in rank 1's newest snapshot file on its
                                   node (step 6's), then SIGKILL rank 1: the restart must refuse that copy
     crash_in_save:step=10         every rank (rank=R: rank R) exits after the step-10 checkpoint's files
-                                  are written and before its manifest (checkpoint.SMELT_FAULT_CRASH_IN_SAVE);
+                                  are written and before its manifest (the checkpointer's on_written hook);
                                   step 10 must be a checkpoint step
     hold:rank=0,step=12,replica=1 replica groups ([train.ft]; rank: replica id × group size + rank in the group):
                                   at the start of step 12, before its quorum, the rank waits until replica
@@ -44,8 +45,8 @@ from dataclasses import dataclass
 import torch
 
 from tasks import storage
+from tasks.errors import UserError
 from tasks.train.callbacks import Callback
-from tasks.train.checkpoint_writer import FAULT_CRASH_ENV
 from tasks.train.config import FaultConfig
 
 log = logging.getLogger(__name__)
@@ -82,28 +83,28 @@ def parse_faults(text: str) -> list[Fault]:
         kind, _, rest = entry.partition(":")
         kind = kind.strip()
         if kind not in KINDS:
-            raise ValueError(f"fault {entry!r}: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+            raise UserError(f"fault {entry!r}: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
         fields: dict[str, str] = {}
         for item in filter(None, (i.strip() for i in rest.split(","))):
             key, eq, value = item.partition("=")
             if not eq or key not in _KEYS:
-                raise ValueError(f"fault {entry!r}: {item!r} must be one of {', '.join(sorted(_KEYS))} as key=value")
+                raise UserError(f"fault {entry!r}: {item!r} must be one of {', '.join(sorted(_KEYS))} as key=value")
             fields[key] = value.strip()
         missing = [k for k in _NEEDS[kind] if k not in fields]
         if missing:
-            raise ValueError(f"fault {entry!r} needs {' and '.join(missing)} (e.g. {kind}:"
+            raise UserError(f"fault {entry!r} needs {' and '.join(missing)} (e.g. {kind}:"
                              f"{','.join(f'{k}=1' for k in _NEEDS[kind])})")
         at = fields.get("at", "step")
         if at not in KILL_PHASES or (at != "step" and kind != "kill"):
-            raise ValueError(f"fault {entry!r}: at= is only for kill and must be one of {', '.join(KILL_PHASES)}")
+            raise UserError(f"fault {entry!r}: at= is only for kill and must be one of {', '.join(KILL_PHASES)}")
         try:
             fault = Fault(kind, int(fields["rank"]) if "rank" in fields else None,
                           int(fields["step"]) if "step" in fields else None, float(fields.get("factor", 1.0)), at,
                           int(fields["replica"]) if "replica" in fields else None)
         except ValueError:
-            raise ValueError(f"fault {entry!r}: rank, step and replica must be integers, factor a number") from None
+            raise UserError(f"fault {entry!r}: rank, step and replica must be integers, factor a number") from None
         if kind == "slow" and fault.factor < 1:
-            raise ValueError(f"fault {entry!r}: factor must be >= 1 (3 means three times slower)")
+            raise UserError(f"fault {entry!r}: factor must be >= 1 (3 means three times slower)")
         faults.append(fault)
     return faults
 
@@ -118,6 +119,7 @@ class FaultInjector(Callback):
         fired = self._fired() if mine else set()
         self.faults = [f for f in mine if f.kind == "slow" or f.marker(rank) not in fired]
         self._snapshots = None  # the trainer's snapshotter, once it has taken a snapshot
+        self._crash_at: int | None = None  # crash_in_save: the step whose checkpoint this rank dies in
         if self.faults:
             log.warning("fault injection armed on rank %d: %s", rank, self.faults)
 
@@ -166,9 +168,17 @@ class FaultInjector(Callback):
                 time.sleep((fault.factor - 1) * compute_s)
 
     def on_save_start(self, step: int) -> None:
-        """Arm checkpoint.py's crash-between-files-and-manifest hook for this step's save."""
+        """Arm crash_in_save for this step's save (``on_checkpoint_written`` carries it out)."""
         for fault in self._due(step, ("crash_in_save",)):
             self._fire(fault, step)
+
+    def on_checkpoint_written(self, step: int) -> None:
+        """crash_in_save: exit once this rank's files of the step are on storage, before the manifest."""
+        if self._crash_at == step:
+            log.error("fault injection: crash_in_save on rank %d: exiting before the manifest of step %d",
+                      self.rank, step)
+            logging.shutdown()
+            os._exit(1)
 
     def on_save_end(self, step: int, started: bool, checkpointer) -> None:
         """kill at=save (the step's files in flight) or at=saved (once they committed)."""
@@ -209,7 +219,7 @@ class FaultInjector(Callback):
         elif fault.kind == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif fault.kind == "crash_in_save":
-            os.environ[FAULT_CRASH_ENV] = str(step)
+            self._crash_at = step
 
     def _corrupt_newest_snapshot(self) -> None:
         """Flip one byte in the middle of this rank's newest snapshot file on its node."""
@@ -229,6 +239,12 @@ class FaultInjector(Callback):
         if not fs.exists(path):
             return set()
         return {entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)}
+
+
+def fault_callbacks(cfg: FaultConfig, run_dir: str, rank: int) -> list[Callback]:
+    """The trainer callbacks for ``[train.faults]`` and ``SMELT_FAULTS`` on ``rank``: none when nothing is armed."""
+    injector = FaultInjector.from_config(cfg, run_dir, rank)
+    return [injector] if injector.faults else []
 
 
 def fired_faults(run_dir: str) -> list[dict]:

@@ -34,6 +34,7 @@ import sys
 from tasks import contract
 from tasks.branches import parse_skip_steps
 from tasks.config import ConfigError, load
+from tasks.errors import UserError
 from tasks.lease import Fenced
 from tasks.train.config import TrainConfig, parse_data
 
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--data is required (unless --dry-run --simulate-world)")
 
     from tasks.train.node_launch import preflight  # torch import: after argument errors
+    from tasks.train.faults import fault_callbacks  # torch imports: after argument errors
     from tasks.train.trainer import Trainer
 
     if args.spare:
@@ -100,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                   "branch_request": args.branch_request}
         if args.spare:
             return _train_in_generations(cfg, sources, args.run_dir, branch)
-        trainer = Trainer(cfg, sources, args.run_dir, **branch)
-    except (ConfigError, ValueError, contract.DatasetError) as e:
+        trainer = Trainer(cfg, sources, args.run_dir, callbacks=fault_callbacks(cfg.faults, args.run_dir, _rank()),
+                          **branch)
+    except (UserError, contract.DatasetError) as e:  # a ValueError from a bug keeps its traceback
         log.error("%s", e)
         return 2
     except Fenced as e:  # the run was taken over by a newer launch (tasks/lease.py)
@@ -134,15 +137,21 @@ def simulate(cfg: TrainConfig, data: list[str] | None, world_size: int, rank: in
             "difference": round(simulated.peak / planned["peak_bytes"] - 1, 4)}
 
 
+def _rank() -> int:
+    """This process's rank (torchrun and smelt's agent both set RANK; a lone process is rank 0)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def _train_in_generations(cfg, sources: dict[str, str], run_dir: str, branch: dict) -> int:
     """Under smelt's agent: rebuild the trainer in this process after a peer fails (agent.run_rank)."""
     import torch
 
     from tasks.train import agent
+    from tasks.train.faults import fault_callbacks
     from tasks.train.trainer import Trainer
 
     def build_and_train() -> None:
-        trainer = Trainer(cfg, sources, run_dir, **branch)
+        trainer = Trainer(cfg, sources, run_dir, callbacks=fault_callbacks(cfg.faults, run_dir, _rank()), **branch)
         try:
             trainer.train()
         except BaseException:

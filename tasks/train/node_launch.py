@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from tasks import branches, contract, storage
 from tasks.config import from_dict
+from tasks.errors import UserError
 from tasks.lease import ENV_EPOCH, Lease, LeaseError, LeaseHeld, LeaseLost, acquire
 from tasks.repo import REPO_ROOT, python_path
 from tasks.train import goodput
@@ -182,14 +183,14 @@ def preflight(cfg: TrainConfig, data: dict[str, str], world_sizes: list[int]) ->
     vocab = data_vocab_size(data)
     cfg.model_for_data(vocab)
     if cfg.data.mixture and sorted(cfg.data.mixture) != sorted(data):
-        raise ValueError(f"train.data.mixture names {sorted(cfg.data.mixture)} but the data is {sorted(data)}; "
+        raise UserError(f"train.data.mixture names {sorted(cfg.data.mixture)} but the data is {sorted(data)}; "
                          "use the same names")
     report: dict = {}
     for world_size in world_sizes:
         try:
             report = describe_layout(cfg, world_size=world_size, vocab_size=vocab)
-        except ValueError as e:
-            raise ValueError(f"on {world_size} rank(s): {e}") from None
+        except UserError as e:
+            raise UserError(f"on {world_size} rank(s): {e}") from None
     return report
 
 
@@ -364,9 +365,9 @@ def launch_training(
                    *(["--skip-steps", f"{skip_steps[0]}:{skip_steps[1]}"] if skip_steps else []),
                    *(["--branch-request", branch_request] if branch_request and resume_from is not None else [])]
     if nproc < 1:
-        raise ValueError(f"launch.nproc must be at least 1, got {nproc}")
+        raise UserError(f"launch.nproc must be at least 1, got {nproc}")
     if restart not in RESTARTS:
-        raise ValueError(f"launch.restart is {restart!r}; choose one of {', '.join(RESTARTS)}")
+        raise UserError(f"launch.restart is {restart!r}; choose one of {', '.join(RESTARTS)}")
     low, _, high = nnodes.partition(":")
     preflight(from_dict(TrainConfig, config), data, sorted({int(low) * nproc, int(high or low) * nproc}))
     run_dir = storage.normalize_url(run_dir)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from tasks.errors import UserError
 from tasks.train.config import ParallelConfig
 
 DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
@@ -36,17 +37,17 @@ class ParallelDims:
         for name in DIM_NAMES:
             value = getattr(self, name)
             if value < 1 and not (name == "dp_shard" and value == -1):
-                raise ValueError(f"parallel.{name} must be a positive integer (dp_shard may be -1), got {value}")
+                raise UserError(f"parallel.{name} must be a positive integer (dp_shard may be -1), got {value}")
         others = self.pp * self.dp_replicate * self.tp
         if self.dp_shard == -1:
             if self.world_size % others:
-                raise ValueError(
+                raise UserError(
                     f"world size {self.world_size} is not divisible by pp×dp_replicate×tp = {others}; "
                     "change the number of processes or the parallel degrees"
                 )
             self.dp_shard = self.world_size // others
         if others * self.dp_shard != self.world_size:
-            raise ValueError(
+            raise UserError(
                 f"parallel degrees pp={self.pp} × dp_replicate={self.dp_replicate} × dp_shard={self.dp_shard} × "
                 f"tp={self.tp} = {others * self.dp_shard} do not match the world size {self.world_size}; "
                 "set parallel.dp_shard = -1 or launch that many processes"

@@ -1,6 +1,6 @@
 """Apply parallelism to a single-device model from outside, in the order of docs/design.md §4:
 FP8 layers (optional) → tensor (+ sequence, + loss) parallel → activation checkpointing →
-torch.compile → FSDP2.
+torch.compile → FSDP2 (always, at data-parallel degree 1 too: the one home of mixed precision).
 
 Each ``apply_*`` takes only what it needs (the TP mesh, not the world). Pipeline splitting happens
 before this, in tasks/train/pipeline_parallel.py; each pipeline stage is parallelised on its own.
@@ -27,6 +27,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from tasks.errors import UserError
 from tasks.llama import Transformer
 from tasks.train.config import ParallelConfig
 from tasks.train.float8 import apply_float8, float8_shape_problems
@@ -42,16 +43,16 @@ def check_model_fits(model: Transformer, dims: ParallelDims, seq_len: int, float
         for name, size in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads), ("ffn_hidden", cfg.ffn_hidden),
                            ("vocab_size", cfg.vocab_size)):
             if size % dims.tp:
-                raise ValueError(f"model.{name} ({size}) must be divisible by parallel.tp ({dims.tp})")
+                raise UserError(f"model.{name} ({size}) must be divisible by parallel.tp ({dims.tp})")
         if seq_len % dims.tp:
-            raise ValueError(f"data.seq_len ({seq_len}) must be divisible by parallel.tp ({dims.tp}) for sequence parallel")
+            raise UserError(f"data.seq_len ({seq_len}) must be divisible by parallel.tp ({dims.tp}) for sequence parallel")
     if seq_len > cfg.max_seq_len:
-        raise ValueError(f"data.seq_len ({seq_len}) exceeds model.max_seq_len ({cfg.max_seq_len})")
+        raise UserError(f"data.seq_len ({seq_len}) exceeds model.max_seq_len ({cfg.max_seq_len})")
     if float8 != "none":
         widths = {"model.dim": cfg.dim, "model.ffn_hidden": cfg.ffn_hidden,
                   "model.n_kv_heads × head_dim": cfg.n_kv_heads * (cfg.dim // cfg.n_heads)}
         if problems := float8_shape_problems(widths, dims.tp):
-            raise ValueError(f"parallel.float8={float8} needs FP8-sized matmuls: " + "; ".join(problems))
+            raise UserError(f"parallel.float8={float8} needs FP8-sized matmuls: " + "; ".join(problems))
 
 
 def parallelize_model(model: Transformer, dims: ParallelDims, cfg: ParallelConfig, device_type: str) -> Transformer:
@@ -65,15 +66,17 @@ def parallelize_model(model: Transformer, dims: ParallelDims, cfg: ParallelConfi
         apply_ac(model, cfg.activation_checkpoint)
     if cfg.compile:
         apply_compile(model)
-    if dims.fsdp_enabled:
-        # A pipeline stage runs several microbatches forward before their backwards: resharding
-        # after each forward would all-gather its parameters once per microbatch, so keep them.
-        apply_fsdp(
-            model,
-            dims.fsdp_mesh(),
-            param_dtype=compute_dtype(cfg, device_type),
-            reshard_after_forward=not (cfg.zero2 or dims.pp_enabled),
-        )
+    # FSDP2 on every layout, over one rank too (dp_shard = 1, as torchtitan does): its
+    # MixedPrecisionPolicy is then the only place bf16 compute comes from, so one model gives the
+    # same bf16 numerics sharded or not (autocast, used before without FSDP, kept norms and the
+    # residual stream in fp32). A pipeline stage runs several microbatches forward before their
+    # backwards: resharding after each forward would all-gather its parameters once per microbatch.
+    apply_fsdp(
+        model,
+        dims.fsdp_mesh(),
+        param_dtype=compute_dtype(cfg, device_type),
+        reshard_after_forward=not (cfg.zero2 or dims.pp_enabled),
+    )
     return model
 
 
@@ -177,7 +180,9 @@ def apply_compile(model: Transformer) -> None:
 
 def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, *, param_dtype: torch.dtype, reshard_after_forward: bool) -> None:
     """FSDP2 per block, then the root (embeddings, final norm, output). A 2-D ``dp_mesh``
-    (dp_replicate, dp_shard) gives HSDP. Gradients are always reduced in fp32.
+    (dp_replicate, dp_shard) gives HSDP; a 1-rank one shards nothing but still casts the parameters
+    to ``param_dtype`` for compute. Gradients are always reduced in fp32. Parameter names (the
+    checkpoints' keys) are unchanged: fully_shard swaps tensors for DTensors, it wraps no module.
 
     ``reshard_after_forward=False`` is ZeRO-2: parameters stay gathered between forward and
     backward, trading memory for one all-gather less per block.

@@ -22,6 +22,7 @@ from torch.distributed.pipelining.schedules import (
     _PipelineSchedule,
 )
 
+from tasks.errors import UserError
 from tasks.llama import Transformer
 from tasks.train.config import PP_SCHEDULES
 
@@ -39,7 +40,7 @@ def stage_ids(schedule: str, pp_rank: int, pp: int) -> list[int]:
     """Which stages this pp rank runs: round-robin ("loop") or folded back ("v": rank 0 holds the
     first and the last stage, so the V-shaped zero-bubble schedule needs no extra hop)."""
     if schedule not in SCHEDULES:
-        raise ValueError(f"parallel.pp_schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        raise UserError(f"parallel.pp_schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     (_, style), per_rank = SCHEDULES[schedule], PP_SCHEDULES[schedule]
     if style == "v":
         return [pp_rank, 2 * pp - 1 - pp_rank]
@@ -49,7 +50,7 @@ def stage_ids(schedule: str, pp_rank: int, pp: int) -> list[int]:
 def layer_split(n_layers: int, num_stages: int) -> list[range]:
     """Contiguous layer ranges per stage, as even as possible (earlier stages get the remainder)."""
     if n_layers < num_stages:
-        raise ValueError(
+        raise UserError(
             f"model.n_layers ({n_layers}) is smaller than the number of pipeline stages ({num_stages}); "
             "use fewer pipeline ranks or a schedule with one stage per rank"
         )
@@ -66,7 +67,7 @@ def split_model(model: Transformer, schedule: str, pp_rank: int, pp: int) -> lis
     """This rank's stages as (stage index, module): copies of the meta model with the layers and
     end pieces other stages own removed. Parameter names stay those of the full model."""
     if model.cfg.tie_embeddings:
-        raise ValueError("model.tie_embeddings cannot be used with pipeline parallelism (embeddings and output "
+        raise UserError("model.tie_embeddings cannot be used with pipeline parallelism (embeddings and output "
                          "live on different stages); set tie_embeddings = false or parallel.pp = 1")
     ids = stage_ids(schedule, pp_rank, pp)
     num_stages = pp * len(ids)
@@ -103,7 +104,7 @@ def build_schedule(
     (cls, _), per_rank = SCHEDULES[schedule], PP_SCHEDULES[schedule]
     num_stages = pp * per_rank
     if n_microbatches < 1:
-        raise ValueError(f"parallel.pp_microbatches must be positive, got {n_microbatches}")
+        raise UserError(f"parallel.pp_microbatches must be positive, got {n_microbatches}")
     stages = [PipelineStage(module, stage, num_stages, device, group=group) for stage, module in parts]
     if per_rank == 1:
         return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)

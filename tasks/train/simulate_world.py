@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tasks.errors import UserError
 from tasks.llama import Transformer
 from tasks.train import pipeline_parallel
 from tasks.train.config import TrainConfig
@@ -225,7 +226,7 @@ def simulate_rank(cfg: TrainConfig, world_size: int, rank: int = 0, vocab_size: 
     if dist.is_initialized():
         raise RuntimeError("simulate_rank needs a process without a process group (it makes a fake one)")
     if not 0 <= rank < world_size:
-        raise ValueError(f"--rank {rank} must be in [0, {world_size})")
+        raise UserError(f"--rank {rank} must be in [0, {world_size})")
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
@@ -250,7 +251,7 @@ def measure_step(cfg: TrainConfig, vocab_size: int = 0, *, fake: bool = True) ->
     batch = plan_batches(cfg.data, dims, cfg.parallel.pp_microbatches, len(ids))
     model_cfg = cfg.model_for_data(vocab_size) if vocab_size else cfg.model_config()
     if not model_cfg.vocab_size:
-        raise ValueError(f"model preset {cfg.model_preset!r} has no vocabulary; give --data or model.vocab_size")
+        raise UserError(f"model preset {cfg.model_preset!r} has no vocabulary; give --data or model.vocab_size")
     device = torch.device("cpu")
     dtype = compute_dtype(cfg.parallel, SIMULATED_DEVICE_TYPE)
 
@@ -301,8 +302,6 @@ def measure_step(cfg: TrainConfig, vocab_size: int = 0, *, fake: bool = True) ->
         with _absent_peers(boundary) if fake and dims.pp_enabled else contextlib.nullcontext():
             train_step()  # allocates the optimizer state; the pipeline infers its shapes
             tracker = _tracker_class()(parts, optimizers.optimizers)
-            if not dims.fsdp_enabled:
-                tracker.track_params(params)
             tracker.track_inputs((inputs, targets))
             with tracker:
                 train_step()

@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from tasks import branches, contract, storage
+from tasks.errors import UserError
 from tasks.lease import Fence, Fenced
 from tasks.llama import Transformer
 from tasks.model_config import ModelConfig
@@ -41,7 +42,6 @@ from tasks.train.checkpoint_writer import CheckpointManager, ModelOptimState, RN
 from tasks.train.config import DataConfig, TrainConfig
 from tasks.train.cross_entropy import token_cross_entropy, token_sum_cross_entropy
 from tasks.train.data import TokenLoader
-from tasks.train.faults import FaultInjector
 from tasks.train.identity import config_fingerprint
 from tasks.train.loss_guard import LossGuard, SkippedRange, SkipList, skip_window
 from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
@@ -84,18 +84,18 @@ class BatchPlan:
 def plan_batches(data: DataConfig, dims: ParallelDims, pp_microbatches: int, stages_per_rank: int) -> BatchPlan:
     """Derive the per-rank batch walk; ``pp_microbatches = 0`` means one per pipeline stage."""
     if data.global_batch % dims.dp_size:
-        raise ValueError(f"data.global_batch ({data.global_batch}) must be divisible by the data-parallel size "
+        raise UserError(f"data.global_batch ({data.global_batch}) must be divisible by the data-parallel size "
                          f"({dims.dp_size} = dp_replicate × dp_shard); change one of them")
     local = data.global_batch // dims.dp_size
     micro = data.micro_batch or local
     if local % micro:
-        raise ValueError(f"data.micro_batch ({micro}) must divide the per-rank batch ({local} = global_batch / "
+        raise UserError(f"data.micro_batch ({micro}) must divide the per-rank batch ({local} = global_batch / "
                          f"{dims.dp_size} data-parallel ranks); set data.micro_batch = 0 to use {local}")
     n_mb = 1
     if dims.pp_enabled:
         n_mb = pp_microbatches or dims.pp * stages_per_rank
         if micro % n_mb:
-            raise ValueError(f"the micro-batch ({micro} sequences) must split into parallel.pp_microbatches ({n_mb}); "
+            raise UserError(f"the micro-batch ({micro} sequences) must split into parallel.pp_microbatches ({n_mb}); "
                              "change data.micro_batch or parallel.pp_microbatches")
     return BatchPlan(data.global_batch, data.seq_len, local, micro, local // micro, n_mb)
 
@@ -172,7 +172,8 @@ class Trainer:
     writes ``<run_dir>/metrics.jsonl`` (one record per step), ``events.jsonl`` (process group
     starts, for goodput), ``skipped.jsonl`` (loss-guard rollbacks), ``stragglers.json`` and
     ``<run_dir>/summary.json``. A progress watchdog exits a rank whose steps stop (watchdog.py).
-    ``callbacks`` act at fixed points of each step (tasks/train/callbacks.py), after the config's faults.
+    ``callbacks`` act at fixed points of each step (tasks/train/callbacks.py); fault injection is one, which
+    the rank's entry point adds (tasks/train/main.py): the trainer has no code for tests.
     ``resume_from``: continue from this older retained checkpoint, the later ones kept as a superseded
     branch, optionally skipping the samples of steps ``skip_steps`` (A, B) (tasks/branches.py).
     """
@@ -184,7 +185,7 @@ class Trainer:
         branches.check_request(resume_from, skip_steps)
         self.cfg = cfg
         self.resume_from, self.skip_steps, self.branch_request = resume_from, skip_steps, branch_request
-        self._extra_callbacks = list(callbacks or [])
+        self.callbacks = Callbacks(list(callbacks or []))  # per-sample losses join them in _build
         self.run_dir = storage.normalize_url(run_dir)
         self.datasets = dict(datasets)
         self.device = _pick_device()
@@ -259,6 +260,7 @@ class Trainer:
             self.run_dir, cfg.checkpoint, rank=self.rank, world_size=self.world_size,
             config_fingerprint=config_fingerprint(self.model_cfg, cfg.data, fingerprints, seed=cfg.seed,
                                                   init_from=cfg.init_from), fence=self.fence,
+            on_written=self.callbacks.on_checkpoint_written,
         )
         self.snapshots = None
         if cfg.snapshot.active(self.world_size):
@@ -274,9 +276,7 @@ class Trainer:
             hf.load_into(self.model_parts, hf.local_folder(cfg.init_from))
             log.info("initialised the model from %s", cfg.init_from)
 
-        # 5. Fault tolerance: callbacks (injected faults first), the loss guard and its skipped samples, stragglers.
-        faults = FaultInjector.from_config(cfg.faults, self.run_dir, self.rank)
-        self.callbacks = Callbacks([faults, *self._extra_callbacks])
+        # 5. Fault tolerance: the loss guard and its skipped samples, stragglers; per-sample losses as a callback.
         # per-sample losses (sample_losses.py): ranks holding the loss record their slice; rank 0 the loader's order
         self.sample_losses = SampleLosses(self.run_dir, rank=self.rank, first_row=self.dims.dp_rank * self.batch.local_batch,
                                           records=self.holds_last_stage and self.dims.tp_rank == 0)
@@ -353,7 +353,7 @@ class Trainer:
                                      epoch=self.fence.epoch, restarted=restart_count() > 0)
             if record is None and not self.checkpointer.is_good(step):
                 kept = ", ".join(map(str, step_dirs(self.run_dir))) or "none"
-                raise ValueError(f"--resume-from {step}: {step_url(self.run_dir, step)} is not a committed, intact "
+                raise UserError(f"--resume-from {step}: {step_url(self.run_dir, step)} is not a committed, intact "
                                  f"checkpoint (step folders here: {kept}); choose a retained one")
             if record is None or not record["complete"]:
                 def move() -> dict:
@@ -460,15 +460,10 @@ class Trainer:
         self.sample_losses.add(targets, per_token)
         return total / self.batch.tokens_per_rank_step
 
-    def _train_context(self) -> contextlib.ExitStack:
-        """Loss parallel under TP (the vocabulary-sharded logits are never gathered); autocast when
-        bf16 compute is asked for but no FSDP policy casts the parameters."""
-        stack = contextlib.ExitStack()
-        if self.dims.tp_enabled:
-            stack.enter_context(loss_parallel())
-        if self.compute_dtype != torch.float32 and not self.dims.fsdp_enabled:
-            stack.enter_context(torch.autocast(self.device.type, dtype=self.compute_dtype))
-        return stack
+    def _train_context(self) -> contextlib.AbstractContextManager:
+        """Loss parallel under TP (the vocabulary-sharded logits are never gathered). bf16 compute is
+        FSDP2's parameter cast on every layout (parallelize.py), never autocast."""
+        return loss_parallel() if self.dims.tp_enabled else contextlib.nullcontext()
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Accumulate gradients of this rank's slice of one global batch; returns its loss share

@@ -22,6 +22,7 @@ from tasks.tokenize.config import TokenizeConfig, TokenizerConfig
 from tasks.tokenize.stage import run_tokenize
 from tasks.tokenize.tokenizer import train_tokenizer
 from tasks.train.config import TrainConfig
+from tasks.train.faults import fault_callbacks
 from tasks.train.trainer import Trainer
 
 PLANTED_HOST = "https://planted.example/"
@@ -85,5 +86,6 @@ def train(tokens_url: str, run_dir: str, **sections) -> dict:
     cfg = json.loads(json.dumps(TINY))
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values} if isinstance(values, dict) else values
-    with Trainer(from_dict(TrainConfig, cfg), {"web": tokens_url}, run_dir) as trainer:
+    train_cfg = from_dict(TrainConfig, cfg)
+    with Trainer(train_cfg, {"web": tokens_url}, run_dir, callbacks=fault_callbacks(train_cfg.faults, run_dir, 0)) as trainer:
         return trainer.train()

@@ -434,6 +434,7 @@ CRASH_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
     from tasks.train.checkpoint_writer import CheckpointManager
     from tasks.train.config import CheckpointConfig
+    from tasks.train.faults import FaultInjector, parse_faults
 
     class Blob:
         def __init__(self): self.t = torch.arange(1000.0)
@@ -441,9 +442,11 @@ CRASH_SCRIPT = textwrap.dedent("""
         def load_state_dict(self, sd): self.t.copy_(sd["t"])
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    faults = FaultInjector(parse_faults("crash_in_save:step=4"), sys.argv[1], rank=0)  # as the trainer wires it
     mgr = CheckpointManager(sys.argv[1], CheckpointConfig(async_mode="process", keep_last=1), rank=0,
-                            world_size=1, config_fingerprint="fp")
+                            world_size=1, config_fingerprint="fp", on_written=faults.on_checkpoint_written)
     for step in (2, 4):
+        faults.on_save_start(step)
         mgr.maybe_save(step, {"blob": Blob()}, {"tokens": step}, force=True)
     mgr.close()
     print("survived")
@@ -453,8 +456,7 @@ CRASH_SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_crash_in_save_leaves_an_uncommitted_checkpoint_that_is_skipped_and_keeps_the_previous(tmp_path):
     """keep_last=1, yet step 2 survives: retention deletes only after a newer checkpoint committed."""
-    env = {**os.environ, "SMELT_FAULT_CRASH_IN_SAVE": "4", "PYTHONPATH": str(REPO),
-           "MASTER_ADDR": "127.0.0.1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1"}
     proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)], env=env, capture_output=True,
                           text=True, timeout=180)
     assert proc.returncode == 1, proc.stderr[-3000:]

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
-from tasks.train.checkpoint_writer import FAULT_CRASH_ENV
 from tasks.train.config import FaultConfig
 from tasks.train.faults import Fault, FaultInjector, fired_faults, parse_faults
 
@@ -75,11 +76,20 @@ def test_a_slow_rank_sleeps_factor_minus_one_times_its_compute(tmp_path):
     assert restarted.faults  # a condition, not an event: never marked as fired
 
 
-def test_crash_in_save_arms_the_checkpoint_hook_for_its_step_only(tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULT_CRASH_ENV, "")  # restored after the test: the hook must not leak into other tests
-    injector = FaultInjector(parse_faults("crash_in_save:step=4"), str(tmp_path), rank=1)
-    injector.on_save_start(2)
-    assert os.environ[FAULT_CRASH_ENV] == ""
-    injector.on_save_start(4)
-    assert os.environ[FAULT_CRASH_ENV] == "4"
+CRASH_IN_SAVE = """
+import sys
+from tasks.train.faults import FaultInjector, parse_faults
+injector = FaultInjector(parse_faults("crash_in_save:step=4"), sys.argv[1], rank=1)
+for step in (2, 4):
+    injector.on_save_start(step)
+    injector.on_checkpoint_written(step)  # what the checkpointer calls once the step's files are on storage
+    print("survived", step, flush=True)
+"""
+
+
+def test_crash_in_save_exits_after_its_steps_files_only(tmp_path):
+    result = subprocess.run([sys.executable, "-c", CRASH_IN_SAVE, str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1 and result.stdout.split("\n")[:-1] == ["survived 2"], result.stderr
+    assert "crash_in_save on rank 1" in result.stderr
     assert (tmp_path / "faults" / "fired-crash_in_save-1-4").exists()
