@@ -25,7 +25,6 @@ from tasks.train.faults import fired_faults
 from tasks.train.goodput import read_jsonl
 from tasks.train.node_launch import excluded_hosts, free_port, launch_training, prepare_run, start_torchrun
 from tests.tasks.train.processes import follow, kill_tree, listening, wait_for
-from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -73,8 +72,8 @@ def starts(run_dir) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    return make_corpus(str(tmp_path_factory.mktemp("corpus")))
+def corpus(corpus_dir) -> str:
+    return corpus_dir
 
 
 @pytest.fixture(scope="module")

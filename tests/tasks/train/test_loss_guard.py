@@ -17,7 +17,6 @@ from tasks.train.data import TokenLoader
 from tasks.train.faults import fault_callbacks
 from tasks.train.loss_guard import LossGuard, SkipList, SkippedRange, robust_z, skip_window
 from tasks.train.trainer import Trainer
-from tests.tasks.train.token_corpus import make_corpus
 
 DECREASING = [5.0 - 0.1 * i for i in range(10)]
 
@@ -100,16 +99,13 @@ BASE = {
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):  # tests/tasks/train/conftest.py
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> dict[str, str]:
-    return {"corpus": make_corpus(str(tmp_path_factory.mktemp("corpus")))}
+def corpus(corpus_dir) -> dict[str, str]:
+    return {"corpus": corpus_dir}
 
 
 def train(corpus, run_dir, *overrides: str) -> dict:

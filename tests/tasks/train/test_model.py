@@ -9,12 +9,8 @@ from tasks.llama import Transformer, apply_rope, canonical_name, rope_tables
 from tasks.model_config import PRESETS, preset
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Two OpenMP threads on two cores shared with other work are far slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):  # tests/tasks/train/conftest.py
     yield
-    torch.set_num_threads(threads)
 
 
 # Meta's published parameter counts (model cards: Llama 3.2 1B and 3B, Llama 3.1 8B and 70B).

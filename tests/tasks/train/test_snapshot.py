@@ -33,7 +33,6 @@ from tasks.train.snapshot import (
     write_file,
 )
 from tests.tasks.train.processes import follow, kill_tree, listening, wait_for
-from tests.tasks.train.token_corpus import make_corpus
 
 # -- the format and the store ----------------------------------------------------------------------------
 
@@ -135,8 +134,8 @@ def assert_same_run(run_dir, reference_dir) -> None:
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    return make_corpus(str(tmp_path_factory.mktemp("corpus")))
+def corpus(corpus_dir) -> str:
+    return corpus_dir
 
 
 @pytest.fixture(scope="module")

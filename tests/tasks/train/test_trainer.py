@@ -19,7 +19,6 @@ from tasks.train.callbacks import Callback
 from tasks.train.config import DataConfig, ParallelConfig, TrainConfig
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.trainer import Trainer, config_fingerprint, describe_layout, plan_batches
-from tests.tasks.train.token_corpus import make_corpus
 
 BASE = {
     "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
@@ -30,17 +29,13 @@ BASE = {
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Two OpenMP threads on two cores shared with other work are far slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):  # tests/tasks/train/conftest.py
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> dict[str, str]:
-    return {"corpus": make_corpus(str(tmp_path_factory.mktemp("corpus")))}
+def corpus(corpus_dir) -> dict[str, str]:
+    return {"corpus": corpus_dir}
 
 
 def config(*overrides: str) -> TrainConfig:
