@@ -42,6 +42,11 @@ class JobSpec:
     namespace: str = "default"
     store_secret: str = "smelt-store"  # Kubernetes Secret with AWS_* keys for the object store
     env: dict[str, str] = field(default_factory=dict)
+    # [train.ft]: parallel.dp_replicate torchft replica groups, each on nodes / replica_groups nodes of its own
+    # (tasks/train/replica_cluster.py); 0: one torchrun job
+    replica_groups: int = 0
+    lighthouse_port: int = 29510  # Kubernetes: the Lighthouse Service's port (Slurm: a free port on the batch host)
+    launch_id: str = ""  # Kubernetes: fresh per `smelt launch`; a group's pod that finds its own start of it restarted
 
     def __post_init__(self) -> None:
         from tasks.storage import normalize_url  # fsspec: `smelt`'s startup reads JOB_DEFAULTS without it
@@ -52,6 +57,9 @@ class JobSpec:
         if not self.name:
             self.name = "smelt-" + hashlib.sha256(self.run_dir.encode()).hexdigest()[:8]
         self.log_dir = self.log_dir or str(REPO_ROOT / "smelt-logs")
+        if self.replica_groups and self.nodes % self.replica_groups:
+            raise ValueError(f"--nodes ({self.nodes}) must be a multiple of parallel.dp_replicate "
+                             f"({self.replica_groups}) with [train.ft]: each replica group runs on nodes of its own")
 
     @property
     def world_size(self) -> int:
@@ -64,6 +72,17 @@ class JobSpec:
         cmd = torchrun_command(self.procs_per_node, self.train_args, run_id, self.max_restarts, self.rdzv_port,
                                nnodes=str(self.nodes), rdzv_host=HEAD)
         return [python or cmd[0], *cmd[1:]]
+
+    @property
+    def nodes_per_group(self) -> int:
+        return self.nodes // self.replica_groups
+
+    def replica_command(self, mode: str, python: str | None = None, **flags: object) -> list[str]:
+        """``python -m tasks.train.replica_cluster MODE`` with the run's arguments and ``flags`` (``--x-y``)."""
+        import sys
+
+        return [python or sys.executable, "-m", "tasks.train.replica_cluster", mode, *self.train_args,
+                *[a for k, v in flags.items() for a in (f"--{k.replace('_', '-')}", str(v))]]
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -13,6 +13,11 @@ Faults, from small to large:
 
 The submitting shell's environment (object store credentials, SMELT_CACHE_DIR) is exported to
 the job, as sbatch does by default.
+
+With ``[train.ft]`` (``spec.replica_groups``) the batch shell runs the replica supervisor instead
+(tasks/train/replica_cluster.py): the Lighthouse on the head node, each group a job step on its own
+nodes, a lost group's step started again; SIGUSR1 goes to the supervisor, which stops the groups, and
+the requeued job resumes them from the newest storage checkpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from infra.launch.job import JobSpec, SubmitError, shell_line
+from infra.launch.job import HEAD, JobSpec, SubmitError, shell_line
 from tasks.repo import REPO_ROOT
 from tasks.train.node_launch import TORCHRUN_ENV
 
@@ -48,15 +53,31 @@ def render(spec: JobSpec, python: str | None = None) -> str:
         *([f"--partition={spec.partition}"] if spec.partition else []),
         *([f"--account={spec.account}"] if spec.account else []),
     ]
-    torchrun = shell_line(spec.torchrun("$SLURM_JOB_ID", python), '"$head_addr"')
-    # One rendezvous per run of the job: agents left over from before a requeue (a node that was
-    # only marked down) must not join the new one.
-    torchrun = torchrun.replace("'$SLURM_JOB_ID'", '"smelt-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"')
+    if spec.replica_groups:
+        # [train.ft]: the replica supervisor on this (the batch) host: the Lighthouse bound to the head node's
+        # address, each group a job step on its own nodes (tasks/train/replica_cluster.py). It takes SIGUSR1
+        # itself (the groups are stopped; the requeued job resumes them from storage).
+        cmd = spec.replica_command("supervise", python, nodes=spec.nodes, procs_per_node=spec.procs_per_node,
+                                   rdzv_port=spec.rdzv_port, lighthouse_host=HEAD)
+        run = shell_line(cmd, '"$head_addr"') + " &"
+        on_usr1 = 'kill -USR1 "$run_pid"'
+        stopped = "stopped before the time limit; requeueing (the groups resume from the newest storage checkpoint)"
+        what = (f"{spec.replica_groups} torchft replica group(s) × {spec.nodes_per_group} node(s) × "
+                f"{spec.procs_per_node} rank(s)")
+    else:
+        torchrun = shell_line(spec.torchrun("$SLURM_JOB_ID", python), '"$head_addr"')
+        # One rendezvous per run of the job: agents left over from before a requeue (a node that was
+        # only marked down) must not join the new one.
+        torchrun = torchrun.replace("'$SLURM_JOB_ID'", '"smelt-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"')
+        run = "srun --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c 'trap \"\" USR1; exec \"$@\"' torchrun \\\n  " + torchrun + " &"
+        on_usr1 = 'scancel --signal=USR1 "$SLURM_JOB_ID"'
+        stopped = "checkpointed before the time limit; requeueing"
+        what = f"{spec.nodes} node(s) × {spec.procs_per_node} rank(s) = world size {spec.world_size}"
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted({**TORCHRUN_ENV, **spec.env}.items()))
     return f"""#!/bin/bash
 {chr(10).join('#SBATCH ' + d for d in directives)}
 # Rendered by `smelt launch slurm` for the run {spec.run_dir}
-# {spec.nodes} node(s) × {spec.procs_per_node} rank(s) = world size {spec.world_size}
+# {what}
 set -uo pipefail
 cd {shlex.quote(str(REPO_ROOT))}
 export PYTHONPATH={shlex.quote(str(REPO_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}
@@ -65,16 +86,15 @@ head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*
 echo "smelt: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST, rendezvous $head_addr:{spec.rdzv_port}"
 
 stop_requested=0
-trap 'stop_requested=1; echo "smelt: time limit near: final checkpoint"; scancel --signal=USR1 "$SLURM_JOB_ID"' USR1
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c 'trap "" USR1; exec "$@"' torchrun \\
-  {torchrun} &
-srun_pid=$!
-while :; do  # a trapped signal interrupts wait; keep waiting for srun itself
-  wait "$srun_pid"; status=$?
-  kill -0 "$srun_pid" 2>/dev/null || break
+trap 'stop_requested=1; echo "smelt: time limit near: stopping"; {on_usr1}' USR1
+{run}
+run_pid=$!
+while :; do  # a trapped signal interrupts wait; keep waiting for the run itself
+  wait "$run_pid"; status=$?
+  kill -0 "$run_pid" 2>/dev/null || break
 done
 if [ "$stop_requested" = 1 ] && [ "$status" = 0 ]; then
-  echo "smelt: checkpointed before the time limit; requeueing"
+  echo "smelt: {stopped}"
   scontrol requeue "$SLURM_JOB_ID"
 fi
 exit "$status"

@@ -1,13 +1,17 @@
 """``smelt launch ENGINE``: render a JobSpec with the engine's renderer, then submit it (Slurm) or write the
-manifest to apply (Kubernetes). Above job.py and the renderers, which import job.py.
+manifest to apply (Kubernetes). Above job.py and the renderers, which import job.py. With ``[train.ft]`` the
+job starts torchft replica groups (tasks/train/replica_cluster.py), each launch with a fresh launch id.
 """
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 from infra.launch import kubernetes, slurm
 from infra.launch.job import JobSpec
+from tasks.config import from_dict
+from tasks.train.config import TrainConfig
 from tasks.train.node_launch import prepare_run
 
 ENGINES = ("slurm", "kubernetes")
@@ -19,14 +23,17 @@ def launch(engine: str, *, data: dict[str, str], config: dict, run_dir: str, dry
     submit it (Slurm) or write the manifest to apply (Kubernetes). Returns what was done."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    if config.get("ft", {}).get("enabled"):
-        raise ValueError(f"smelt launch {engine} does not start torchft replica groups yet ([train.ft] enabled): run "
-                         "them with smelt train or the Prefect train task (one host), or set train.ft.enabled = false "
-                         "to train parallel.dp_replicate as one job's replicate dimension")
+    ft = None
+    if config.get("ft", {}).get("enabled"):  # torchft replica groups: the Lighthouse and a job step / Job per group
+        ft = from_dict(TrainConfig, config).ft
+        options = {"replica_groups": int(config.get("parallel", {}).get("dp_replicate", 1)),
+                   "lighthouse_port": ft.lighthouse_port or JobSpec.lighthouse_port,
+                   "launch_id": uuid.uuid4().hex[:12], **options}
     spec = JobSpec(run_dir=run_dir, train_args=prepare_run(data, config, run_dir, write=False), **options)
-    text = slurm.render(spec) if engine == "slurm" else kubernetes.render(spec)
+    text = slurm.render(spec) if engine == "slurm" else kubernetes.render(spec, ft=ft)
     out = {"engine": engine, "run_dir": spec.run_dir, "name": spec.name, "world_size": spec.world_size,
-           "text": text, "path": None, "job_id": None}
+           "replica_groups": spec.replica_groups, "launch_id": spec.launch_id, "text": text, "path": None,
+           "job_id": None}
     if dry_run:
         return out
     prepare_run(data, config, run_dir)

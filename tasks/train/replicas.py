@@ -1,6 +1,8 @@
 """Start and supervise fault-tolerant replica groups on 127.0.0.1 (``[train.ft]``, torchft 0.2.0): torchft's
 Lighthouse, and ``parallel.dp_replicate`` groups, each a torchrun job of ``nproc / dp_replicate`` ranks running
-``tasks.train.replica_group`` (FSDP and TP inside a group; no PP: see replica_group.py).
+``tasks.train.replica_group`` (FSDP and TP inside a group; no PP: see replica_group.py). How a group is started,
+seen and killed is a ``LocalStarter`` (process trees here); replica_cluster.py's ``SrunStarter`` runs the same
+supervisor on a Slurm batch host with each group a job step on its own nodes.
 
 What torchft leaves to smelt, and where it is covered:
 
@@ -67,23 +69,31 @@ def lighthouse_binary() -> str:
     return found
 
 
-class Lighthouse:
-    """torchft's Lighthouse on 127.0.0.1:``port``, restarted on the same port whenever it exits (``poll``)."""
+def lighthouse_command(ft: ReplicaConfig, bind: str, binary: str | None = None) -> list[str]:
+    """torchft's Lighthouse bound to ``bind`` (host:port) with the run's quorum settings (``binary``: the
+    Kubernetes image's, else this host's)."""
+    return [binary or lighthouse_binary(), "--bind", bind, "--min_replicas", str(ft.min_replicas),
+            "--join_timeout_ms", str(ft.join_timeout_ms), "--quorum_tick_ms", str(ft.quorum_tick_ms),
+            "--heartbeat_timeout_ms", str(ft.heartbeat_timeout_ms)]
 
-    def __init__(self, ft: ReplicaConfig, port: int = 0, log_line: Callable[[str], None] = log.info) -> None:
+
+class Lighthouse:
+    """torchft's Lighthouse on ``host``:``port`` (127.0.0.1 on one host; the batch host's address on Slurm),
+    restarted on the same port whenever it exits (``poll``)."""
+
+    def __init__(self, ft: ReplicaConfig, port: int = 0, log_line: Callable[[str], None] = log.info,
+                 host: str = "127.0.0.1") -> None:
         self.ft, self.port, self.log_line = ft, port or ft.lighthouse_port or free_port(), log_line
+        self.host = host
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
 
     @property
     def address(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
-        ft = self.ft
-        cmd = [lighthouse_binary(), "--bind", f"127.0.0.1:{self.port}", "--min_replicas", str(ft.min_replicas),
-               "--join_timeout_ms", str(ft.join_timeout_ms), "--quorum_tick_ms", str(ft.quorum_tick_ms),
-               "--heartbeat_timeout_ms", str(ft.heartbeat_timeout_ms)]
+        cmd = lighthouse_command(self.ft, f"{self.host}:{self.port}")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def poll(self) -> bool:
@@ -118,33 +128,61 @@ class Group:
     killed: bool = False  # killed as hung; its exit is restarted by the next round
 
 
-def group_command(nproc: int, args: list[str], replica_id: int, run_dir: str) -> tuple[list[str], dict[str, str]]:
-    """One group's command and its extra environment: a torchrun agent (its own c10d rendezvous on a free port,
-    no torchrun restarts: the supervisor restarts the group, which then heals from a peer); a one-rank group
-    runs its rank directly, which saves the agent's start (a second interpreter importing torch)."""
+def group_command(nproc: int, args: list[str], replica_id: int, run_dir: str, *, nnodes: int = 1,
+                  rdzv: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """One group's command (each of its ``nnodes`` nodes runs it, ``nproc`` ranks per node) and its extra
+    environment: a torchrun agent (its own c10d rendezvous at ``rdzv``, host:port, by default a free port on
+    127.0.0.1; no torchrun restarts: the supervisor restarts the group, which then heals from a peer); a one-rank
+    group runs its rank directly, which saves the agent's start (a second interpreter importing torch)."""
     entry = ["-m", "tasks.train.replica_group", *args, "--replica-id", str(replica_id)]
-    if nproc == 1:
+    if nproc == 1 and nnodes == 1:
         env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         return [sys.executable, *entry], env
     run_id = hashlib.sha256(f"{storage.normalize_url(run_dir)}#{replica_id}".encode()).hexdigest()[:12]
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv or f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
             "--max-restarts", "0", *entry], {}
 
 
+class LocalStarter:
+    """How a group is started, seen and killed: here, as a process tree on this host. ``replica_cluster.SrunStarter``
+    starts each group as a Slurm job step on its own nodes instead; the supervisor is the same."""
+
+    def command(self, nproc: int, args: list[str], replica_id: int, run_dir: str) -> tuple[list[str], dict[str, str]]:
+        return group_command(nproc, args, replica_id, run_dir)
+
+    def stopped(self, group: Group) -> list[int]:
+        """The pids of the group's processes that are stopped (the hung-group rule's second half)."""
+        return stopped_processes(group.proc)
+
+    def kill(self, group: Group) -> None:
+        """SIGKILL the whole group (its torchrun agent and ranks): its exit is restarted by the next round."""
+        kill_tree(group.proc)
+
+    def stop(self, group: Group) -> None:
+        """End the group for good (the supervisor's end)."""
+        if group.proc.poll() is None:
+            stop_tree(group.proc)
+        else:  # torchrun gone: its ranks sit in sessions of their own
+            _kill_session(group.proc.pid)
+
+
 class ReplicaGroups:
-    """The Lighthouse and every group of one run on this host, supervised by ``poll`` (one round) or ``run``."""
+    """The Lighthouse and every group of one run, supervised by ``poll`` (one round) or ``run``; the groups are
+    process trees on this host, or what ``starter`` makes them (Slurm job steps)."""
 
     def __init__(self, cfg: TrainConfig, args: list[str], run_dir: str, nproc: int, *,
-                 env: dict[str, str] | None = None, log_line: Callable[[str], None] = log.info) -> None:
+                 env: dict[str, str] | None = None, log_line: Callable[[str], None] = log.info,
+                 starter: LocalStarter | None = None, lighthouse_host: str = "127.0.0.1") -> None:
         groups = cfg.parallel.dp_replicate
         if nproc % groups:
             raise ValueError(f"launch.nproc ({nproc}) must be a multiple of parallel.dp_replicate ({groups}): "
                              "each replica group gets the same number of ranks")
         self.cfg, self.args, self.run_dir = cfg, args, storage.normalize_url(run_dir)
         self.group_nproc, self.log_line = nproc // groups, log_line
-        self.lighthouse = Lighthouse(cfg.ft, log_line=log_line)
+        self.lighthouse = Lighthouse(cfg.ft, log_line=log_line, host=lighthouse_host)
+        self.starter = starter or LocalStarter()
         self.groups = [Group(i) for i in range(groups)]
         self.env = {**os.environ, **(env or {}), "TORCHFT_LIGHTHOUSE": self.lighthouse.address,
                     "PYTHONPATH": python_path()}
@@ -159,7 +197,7 @@ class ReplicaGroups:
         return self
 
     def _start_group(self, group: Group) -> None:
-        cmd, extra = group_command(self.group_nproc, self.args, group.replica_id, self.run_dir)
+        cmd, extra = self.starter.command(self.group_nproc, self.args, group.replica_id, self.run_dir)
         env = {**self.env, **extra, REPLICA_ENV: str(group.replica_id), RESTARTED_ENV: "1" if group.restarts else "0"}
         group.up_before, group.up_at = up_count(self.run_dir, group.replica_id), None
         group.behind_since = group.stopped_since = None
@@ -227,7 +265,7 @@ class ReplicaGroups:
         for group in live:
             if group.up_at is None and up_count(self.run_dir, group.replica_id) > group.up_before:
                 group.up_at = now
-            stopped = stopped_processes(group.proc)
+            stopped = self.starter.stopped(group)
             group.stopped_since = (group.stopped_since or now) if stopped else None
             mine = newest[group.replica_id]
             if mine != group.newest or mine >= front:  # it committed a step since the last check, or leads
@@ -266,26 +304,27 @@ class ReplicaGroups:
         """Stop every group's process tree and the Lighthouse (nothing outlives the supervisor)."""
         for group in self.groups:
             if group.proc is not None:
-                if group.proc.poll() is None:
-                    stop_tree(group.proc)
-                else:  # torchrun gone: its ranks sit in sessions of their own
-                    _kill_session(group.proc.pid)
+                self.starter.stop(group)
         self.lighthouse.stop()
         for reader in self._readers:
             reader.join(timeout=5)
 
     def kill_group(self, replica_id: int) -> None:
         """SIGKILL a whole group (its torchrun agent and ranks): a lost host, for tests and bench/chaos.py."""
-        proc = self.groups[replica_id].proc
+        self.starter.kill(self.groups[replica_id])
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and every process below it."""
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:  # it exited meanwhile: the next round restarts it
+        return
+    for p in tree:
         try:
-            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:  # it exited meanwhile: the next round restarts it
-            return
-        for p in tree:
-            try:
-                p.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def stopped_processes(proc: subprocess.Popen) -> list[int]:
@@ -339,8 +378,9 @@ def group_records(run_dir: str, replica_id: int) -> list[dict]:
     return [r for r in jsonlog.read(group_dir(run_dir, replica_id), "metrics.jsonl") if "step" in r]
 
 
-def storage_resumes(logs: list[list[dict]]) -> list[dict]:
-    """The groups' resumes from a storage checkpoint (in their logs: a launch, or every group lost), oldest first."""
+def resumes_in(logs: list[list[dict]]) -> list[dict]:
+    """The groups' resumes (in their logs: a launch, or every group lost; from an in-memory snapshot, a storage
+    checkpoint or the start), oldest first."""
     return sorted((r for log in logs for r in log if "resumed_from" in r), key=lambda r: r["time"])
 
 
@@ -362,7 +402,7 @@ def merge_records(run_dir: str, groups: int, global_batch: int, *, write: bool =
     by_step: dict[int, list[dict]] = {}
     pauses = {}
     logs = [jsonlog.read(group_dir(run_dir, g), "metrics.jsonl") for g in range(groups)]
-    resumes = storage_resumes(logs)
+    resumes = resumes_in(logs)
     redone: set[int] = set()
     for g, log_records in enumerate(logs):
         records = [r for r in log_records if "step" in r]
@@ -409,7 +449,8 @@ def merge_records(run_dir: str, groups: int, global_batch: int, *, write: bool =
             f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in merged))
     return {"steps": len(merged), "last_step": last, "problems": problems, "pauses": pauses,
             "final_loss": merged[-1]["loss"] if merged else None, "redone_steps": sorted(redone),
-            "storage_resumes": len(resumes)}
+            "storage_resumes": sum(m.get("source") != "snapshot" for m in resumes),
+            "snapshot_resumes": sum(m.get("source") == "snapshot" for m in resumes)}
 
 
 def write_lineage(run_dir: str, cfg: TrainConfig, data: dict[str, str]) -> None:
@@ -424,21 +465,31 @@ def write_lineage(run_dir: str, cfg: TrainConfig, data: dict[str, str]) -> None:
 
 def run_replica_groups(cfg: TrainConfig, data: dict[str, str], args: list[str], run_dir: str, nproc: int, *,
                        timeout_s: float | None = None, env: dict[str, str] | None = None,
-                       stop: threading.Event | None = None, log_line: Callable[[str], None] = log.info) -> int:
-    """launch.py's hook for ``[train.ft]``: run the groups to the end, then check and write the run's record
-    and ``summary.json``; the exit status."""
+                       stop: threading.Event | None = None, log_line: Callable[[str], None] = log.info,
+                       starter: LocalStarter | None = None, lighthouse_host: str = "127.0.0.1") -> int:
+    """launch.py's hook for ``[train.ft]`` (and the Slurm batch host's, replica_cluster.py): run the groups to
+    the end, then check and write the run's record and ``summary.json``; the exit status."""
     write_lineage(run_dir, cfg, data)
-    supervisor = ReplicaGroups(cfg, args, run_dir, nproc, env=env, log_line=log_line).start()
+    supervisor = ReplicaGroups(cfg, args, run_dir, nproc, env=env, log_line=log_line, starter=starter,
+                               lighthouse_host=lighthouse_host).start()
     status = supervisor.run(timeout_s=timeout_s, stop=stop)
     if status != 0:
         return status
+    finish_run(run_dir, cfg, {"restarts": sum(g.restarts for g in supervisor.groups),
+                              "lighthouse_restarts": supervisor.lighthouse.restarts})
+    return 0
+
+
+def finish_run(run_dir: str, cfg: TrainConfig, counts: dict) -> dict:
+    """Check the groups' records, write the run's ``metrics.jsonl`` and ``summary.json`` (with ``counts``: the
+    restarts the caller saw); the summary. Idempotent: on Kubernetes each finishing group calls it."""
     merged = merge_records(run_dir, cfg.parallel.dp_replicate, cfg.data.global_batch)
     if merged["problems"]:
         raise ReplicaError(f"replica groups broke exactly-once: {'; '.join(merged['problems'][:3])}")
-    summary = {"steps": merged["last_step"], "last_loss": merged["final_loss"], "restarts": sum(
-        g.restarts for g in supervisor.groups), "lighthouse_restarts": supervisor.lighthouse.restarts,
-        "replica_groups": cfg.parallel.dp_replicate, "pauses": merged["pauses"],
-        "redone_steps": merged["redone_steps"], "storage_resumes": merged["storage_resumes"]}
+    summary = {"steps": merged["last_step"], "last_loss": merged["final_loss"], **counts,
+               "replica_groups": cfg.parallel.dp_replicate, "pauses": merged["pauses"],
+               "redone_steps": merged["redone_steps"], "storage_resumes": merged["storage_resumes"],
+        "snapshot_resumes": merged["snapshot_resumes"]}
     with storage.atomic_write(storage.join(storage.normalize_url(run_dir), "summary.json"), "w") as f:
         f.write(json.dumps(summary, indent=2, sort_keys=True))
-    return 0
+    return summary

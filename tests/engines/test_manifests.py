@@ -15,6 +15,7 @@ import yaml
 from infra.launch.job import launch_command
 from infra.launch.submit import launch
 from infra.layout import Layout
+from tasks.train.replica_cluster import parser
 from tests.tasks.train.token_corpus import make_corpus
 
 LAYOUT = Layout(tp=2, pp=2, dp_replicate=1, dp_shard=4, zero=1, micro_batch=1, pp_schedule="1F1B")
@@ -81,13 +82,75 @@ def test_slurm_script_is_valid_shell_with_the_directives_of_the_layout(tmp_path)
     assert words[words.index("--run-dir") + 1] == "s3://bucket/run"
 
 
-def test_a_launch_of_torchft_replica_groups_on_slurm_or_kubernetes_is_refused_in_one_sentence(tmp_path):
-    """Those launches would start one torchrun job, not the Lighthouse and a job per group: refused, not run wrong."""
-    config = {**_config(), "ft": {"enabled": True}}
+def _ft_config(groups: int = 2) -> dict:
+    return {**_config(), "parallel": {**_config()["parallel"], "dp_replicate": groups, "pp": 1, "tp": 2, "dp_shard": 8},
+            "ft": {"enabled": True, "heartbeat_timeout_ms": 700, "join_timeout_ms": 900, "quorum_tick_ms": 50,
+                   "min_replicas": 1}}
+
+
+def test_kubernetes_replica_groups_get_a_lighthouse_and_an_indexed_job_per_group_that_reach_it(tmp_path):
+    """[train.ft] with 2 groups on 4 nodes × 8: a Lighthouse Deployment behind a Service, and per group a headless
+    Service and an Indexed Job of 2 pods; each pod's command parses as replica_cluster's, names its group, the
+    launch and its pod 0 as rendezvous host, and reaches the Lighthouse through its Service."""
+    corpus = make_corpus(str(tmp_path / "corpus"))
+    out = launch("kubernetes", data={"main": corpus}, config=_ft_config(), run_dir=str(tmp_path / "run"),
+                 dry_run=False, script_path=str(tmp_path / "job.yaml"), nodes=4, procs_per_node=PER_NODE,
+                 gpus_per_node=PER_NODE, rdzv_port=29400)
+    docs = list(yaml.safe_load_all(Path(out["path"]).read_text()))
+    assert [d["kind"] for d in docs] == ["Service", "Deployment", "Service", "Job", "Service", "Job"]
+    lighthouse_svc, lighthouse = docs[0], docs[1]
+    port = lighthouse_svc["spec"]["ports"][0]["port"]
+    pod = lighthouse["spec"]["template"]
+    assert lighthouse_svc["spec"]["selector"] == pod["metadata"]["labels"] == lighthouse["spec"]["selector"]["matchLabels"]
+    cmd = pod["spec"]["containers"][0]["command"]
+    flags = dict(zip(cmd[1::2], cmd[2::2]))
+    assert cmd[0] == "torchft_lighthouse" and flags["--bind"] == f"0.0.0.0:{port}"
+    assert (flags["--heartbeat_timeout_ms"], flags["--join_timeout_ms"], flags["--quorum_tick_ms"]) == ("700", "900", "50")
+    assert len(out["launch_id"]) == 12 and out["replica_groups"] == 2
+    for g, (svc, job) in enumerate(zip(docs[2::2], docs[3::2])):
+        name = job["metadata"]["name"]
+        spec, template = job["spec"], job["spec"]["template"]["spec"]
+        assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 2, 2)
+        assert template["restartPolicy"] == "OnFailure" and template["subdomain"] == svc["metadata"]["name"] == name
+        assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"] == {"job-name": name}
+        container = template["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["TORCHFT_LIGHTHOUSE"] == f"http://{lighthouse_svc['metadata']['name']}:{port}"
+        assert env["SMELT_LAUNCH_ID"] == out["launch_id"] and env["SMELT_REPLICA_ID"] == str(g)
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == PER_NODE
+        words = container["command"]
+        assert words[1:4] == ["-m", "tasks.train.replica_cluster", "group"]
+        ns = parser().parse_args(words[3:])
+        assert (ns.replica_id, ns.nodes, ns.procs_per_node, ns.launch_id) == (g, 2, PER_NODE, out["launch_id"])
+        assert (ns.rdzv_host, ns.rdzv_port) == (f"{name}-0.{name}", 29400)
+        train = json.loads(Path(ns.config.removeprefix("file://")).read_text())
+        assert train["ft"]["enabled"] and train["parallel"]["dp_replicate"] == 2
+        # a group's ranks: its nodes × ranks per node = its own mesh (tp × dp_shard), the replicate dim is torchft's
+        assert 2 * PER_NODE == train["parallel"]["tp"] * train["parallel"]["dp_shard"]
+    again = launch("kubernetes", data={"main": corpus}, config=_ft_config(), run_dir=str(tmp_path / "run"),
+                   dry_run=True, nodes=4, procs_per_node=PER_NODE)
+    assert again["launch_id"] != out["launch_id"]  # a new launch: its groups start from storage, not as restarts
+
+
+def test_slurm_replica_groups_run_the_supervisor_on_the_batch_host_with_the_lighthouse_on_the_head_address():
+    out = launch("slurm", data={"main": "file:///data/tokens"}, config=_ft_config(), run_dir="s3://bucket/run",
+                 dry_run=True, nodes=4, procs_per_node=PER_NODE, gpus_per_node=PER_NODE, rdzv_port=29400)
+    script = out["text"]
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert "torch.distributed.run" not in script  # no job-wide torchrun: a step per group, started by the supervisor
+    line = next(line for line in script.splitlines() if "tasks.train.replica_cluster" in line)
+    words = shlex.split(line.rstrip(" &"))
+    ns = parser().parse_args(words[words.index("tasks.train.replica_cluster") + 1:])
+    assert (ns.mode, ns.nodes, ns.procs_per_node, ns.rdzv_port) == ("supervise", 4, PER_NODE, 29400)
+    assert ns.lighthouse_host == "$head_addr" and ns.run_dir == "s3://bucket/run"  # the shell expands it
+    assert 'kill -USR1 "$run_pid"' in script  # the time limit's signal goes to the supervisor, not to the ranks
+
+
+def test_replica_groups_on_a_node_count_that_does_not_split_among_them_are_refused_in_one_sentence():
     for engine in ("slurm", "kubernetes"):
-        with pytest.raises(ValueError, match=f"smelt launch {engine} does not start torchft replica groups yet"):
-            launch(engine, data={"main": "file:///nowhere"}, config=config, run_dir=str(tmp_path / "run"),
-                   dry_run=True)
+        with pytest.raises(ValueError, match=r"--nodes \(3\) must be a multiple of parallel.dp_replicate \(2\)"):
+            launch(engine, data={"main": "file:///nowhere"}, config=_ft_config(), run_dir="s3://bucket/run",
+                   dry_run=True, nodes=3)
 
 
 def test_plan_prints_the_launch_command_of_the_layout_it_picks():
