@@ -30,7 +30,7 @@ import re
 from collections import Counter
 
 from tasks import storage
-from tasks.sample.files import read_ground_truth, refuse_stale_files
+from tasks.sample.files import read_ground_truth, refuse_stale_files, write_sample_files
 from tasks.sample.sources import SKIPPED_SOURCE_FILES, stdlib_dir
 from tasks.sample.warc import gzip_member
 
@@ -269,16 +269,10 @@ def write_sample_code(output_url: str, files: int = 400, seed: int = 0) -> dict:
     names = [FILE_PATTERN.format(i) for i in range(shard_count)]
     refuse_stale_files(out, "code-*.jsonl.gz", names)
     records = plan_records(files, seed)
-    rows, total_bytes = [], 0
-    for i, name in enumerate(names):
-        chunk = records[i * RECORDS_PER_FILE: (i + 1) * RECORDS_PER_FILE]
-        data = gzip_member(b"".join(_line(record) for record in chunk))
-        with storage.atomic_write(storage.join(out, name)) as f:
-            f.write(data)
-        total_bytes += len(data)
-        rows.extend(ground_truth_row(record, name) for record in chunk)
-    with storage.atomic_write(storage.join(out, CODE_GROUND_TRUTH), "w") as f:
-        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    chunks = [(name, records[i * RECORDS_PER_FILE: (i + 1) * RECORDS_PER_FILE]) for i, name in enumerate(names)]
+    rows, total_bytes = write_sample_files(out, ((name, gzip_member(b"".join(_line(record) for record in chunk)),
+                                                  [ground_truth_row(record, name) for record in chunk])
+                                                 for name, chunk in chunks), CODE_GROUND_TRUTH)
     categories = Counter(row["category"] for row in rows)
     summary = {
         "files": len(rows),

@@ -18,13 +18,12 @@ low_quality and malformed pages the subtype, e.g. ``word_salad`` or ``truncated`
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import random
 from collections import Counter
 
 from tasks import storage
-from tasks.sample.files import read_ground_truth, refuse_stale_files
+from tasks.sample.files import read_ground_truth, refuse_stale_files, write_sample_files
 from tasks.sample import content, templates, warc
 from tasks.sample.plan import CATEGORIES, Page, plan_crawl, rng_for
 
@@ -128,16 +127,10 @@ def write_sample_crawl(output_url: str, pages: int = 1200, files: int = 4, seed:
             by_lang.setdefault(page.lang, []).append(page)
     links_rng = rng_for(seed, "links")
     bounds = [round(i * len(plan) / files) for i in range(files + 1)]
-    rows, total_bytes = [], 0
-    for i, name in enumerate(names):
-        chunk = plan[bounds[i] : bounds[i + 1]]
-        data = _warc_file(name, chunk, bounds[i], seed, pages, by_lang, links_rng)
-        with storage.atomic_write(storage.join(out, name)) as f:
-            f.write(data)
-        total_bytes += len(data)
-        rows.extend(ground_truth_row(page, name) for page in chunk)
-    with storage.atomic_write(storage.join(out, GROUND_TRUTH), "w") as f:
-        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    chunks = [(name, plan[bounds[i]: bounds[i + 1]], bounds[i]) for i, name in enumerate(names)]
+    rows, total_bytes = write_sample_files(out, ((name, _warc_file(name, chunk, first, seed, pages, by_lang, links_rng),
+                                                  [ground_truth_row(page, name) for page in chunk])
+                                                 for name, chunk, first in chunks), GROUND_TRUTH)
 
     categories = Counter(row["category"] for row in rows)
     summary = {

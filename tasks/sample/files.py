@@ -1,8 +1,10 @@
-"""File rules both sample writers share: never mix with an older sample, read ground truth back."""
+"""File rules both sample writers share: never mix with an older sample, write the files and their ground truth,
+read the ground truth back."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 from tasks import contract, storage
 
@@ -18,6 +20,20 @@ def refuse_stale_files(out: str, pattern: str, names: list[str]) -> None:
     if stale:
         raise ValueError(f"{out} already holds {stale[0]}, which this sample would not overwrite; "
                          "write the sample to an empty directory")
+
+
+def write_sample_files(out: str, files: Iterable[tuple[str, bytes, list[dict]]], ground_truth: str) -> tuple[list[dict], int]:
+    """Write each ``(name, data, its ground-truth rows)`` atomically under ``out``, then every row as one JSON line
+    to ``ground_truth`` (last, so a sample with its truth is complete); returns (the rows, the bytes written)."""
+    rows, total_bytes = [], 0
+    for name, data, file_rows in files:
+        with storage.atomic_write(storage.join(out, name)) as f:
+            f.write(data)
+        total_bytes += len(data)
+        rows.extend(file_rows)
+    with storage.atomic_write(storage.join(out, ground_truth), "w") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    return rows, total_bytes
 
 
 def read_ground_truth(url: str, filename: str, kind: str = "") -> list[dict]:
