@@ -98,12 +98,19 @@ def expand_inputs(urls: str | Sequence[str]) -> list[str]:
     return list(out)
 
 
+def http_input(fs, url: str, what: str = "input") -> list[str] | None:
+    """An HTTP(S) URL names one file, as HTTP has no listing: ``[url]`` if it exists; None for other URLs."""
+    if not url.startswith(("http://", "https://")):
+        return None
+    if not fs.exists(url):
+        raise InputError(f"{what} {url} does not exist (HTTP error or not found)")
+    return [url]
+
+
 def _expand_one(url: str) -> list[str]:
     fs, path = filesystem(url)
-    if url.startswith(("http://", "https://")):  # no listing over HTTP: a URL names one file
-        if not fs.exists(url):
-            raise InputError(f"input {url} does not exist (HTTP error or not found)")
-        return [url]
+    if (one := http_input(fs, url)) is not None:
+        return one
     if any(ch in path for ch in GLOB_CHARS):
         found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
         if not found:

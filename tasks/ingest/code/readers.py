@@ -45,7 +45,7 @@ from tasks.storage import filesystem, normalize_url
 from tasks.documents import Document
 from tasks.ingest.base import doc_id
 from tasks.ingest.code.config import CodeReaderConfig
-from tasks.ingest.readers import GLOB_CHARS, InputError, input_size
+from tasks.ingest.readers import GLOB_CHARS, InputError, http_input, input_size
 from tasks.records import read_json_lines, read_parquet_rows
 
 log = logging.getLogger(__name__)
@@ -127,10 +127,8 @@ def expand_code_inputs(urls: str | Sequence[str], cfg: CodeReaderConfig | None =
 
 def _expand_one(url: str, cfg: CodeReaderConfig) -> list[str]:
     fs, path = filesystem(url)
-    if url.startswith(("http://", "https://")):  # no listing over HTTP: a URL names one file
-        if not fs.exists(url):
-            raise InputError(f"code input {url} does not exist (HTTP error or not found)")
-        return [url]
+    if (one := http_input(fs, url, "code input")) is not None:
+        return one
     if any(ch in path for ch in GLOB_CHARS):
         found = []
         for p in sorted(fs.glob(path)):
