@@ -15,7 +15,7 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory) -> str:
+def corpus(tmp_path_factory) -> str:
     """A tokens dataset (tests/tasks/train/token_corpus.py) written once per test module."""
     from tests.tasks.train.token_corpus import make_corpus
 

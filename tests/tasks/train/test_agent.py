@@ -17,7 +17,7 @@ from tasks.train.goodput import read_jsonl
 from tasks.train.node_launch import REPO_ROOT, free_port, prepare_run
 from tests.tasks.train.processes import wait_for
 from tests.tasks.train.test_snapshot import assert_same_run, config, restores, steps_lost
-from tests.tasks.train.test_snapshot import corpus, reference  # noqa: F401 - shared module fixtures
+from tests.tasks.train.test_snapshot import reference  # noqa: F401 - a shared module fixture (corpus: conftest.py)
 
 pytestmark = pytest.mark.slow
 

@@ -72,11 +72,6 @@ def starts(run_dir) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def corpus(corpus_dir) -> str:
-    return corpus_dir
-
-
-@pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference")
     result, _ = launch(corpus, run_dir, config())

@@ -18,6 +18,8 @@ from tasks.train.faults import fault_callbacks
 from tasks.train.loss_guard import LossGuard, SkipList, SkippedRange, robust_z, skip_window
 from tasks.train.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tasks/train/conftest.py
+
 DECREASING = [5.0 - 0.1 * i for i in range(10)]
 
 
@@ -98,14 +100,9 @@ BASE = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(one_thread):  # tests/tasks/train/conftest.py
-    yield
-
-
 @pytest.fixture(scope="module")
-def corpus(corpus_dir) -> dict[str, str]:
-    return {"corpus": corpus_dir}
+def corpus(corpus) -> dict[str, str]:  # conftest.py's corpus, by name
+    return {"corpus": corpus}
 
 
 def train(corpus, run_dir, *overrides: str) -> dict:

@@ -8,10 +8,7 @@ import torch
 from tasks.llama import Transformer, apply_rope, canonical_name, rope_tables
 from tasks.model_config import PRESETS, preset
 
-@pytest.fixture(autouse=True)
-def _one_thread(one_thread):  # tests/tasks/train/conftest.py
-    yield
-
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tasks/train/conftest.py
 
 # Meta's published parameter counts (model cards: Llama 3.2 1B and 3B, Llama 3.1 8B and 70B).
 PUBLISHED = {"1b": 1.23e9, "3b": 3.21e9, "8b": 8.03e9, "70b": 70.6e9}

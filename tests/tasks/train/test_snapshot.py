@@ -134,11 +134,6 @@ def assert_same_run(run_dir, reference_dir) -> None:
 
 
 @pytest.fixture(scope="module")
-def corpus(corpus_dir) -> str:
-    return corpus_dir
-
-
-@pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference")
     launch_training(data={"main": corpus}, config=config(), run_dir=str(run_dir), nproc=2, timeout_s=300,

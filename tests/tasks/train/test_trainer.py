@@ -20,6 +20,8 @@ from tasks.train.config import DataConfig, ParallelConfig, TrainConfig
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.trainer import Trainer, config_fingerprint, describe_layout, plan_batches
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tasks/train/conftest.py
+
 BASE = {
     "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
     "data": {"seq_len": 16, "global_batch": 8, "prefetch": 0},
@@ -28,14 +30,9 @@ BASE = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(one_thread):  # tests/tasks/train/conftest.py
-    yield
-
-
 @pytest.fixture(scope="module")
-def corpus(corpus_dir) -> dict[str, str]:
-    return {"corpus": corpus_dir}
+def corpus(corpus) -> dict[str, str]:  # conftest.py's corpus, by name
+    return {"corpus": corpus}
 
 
 def config(*overrides: str) -> TrainConfig:
