@@ -12,7 +12,7 @@ from tasks import jsonlog
 from tasks.trace.ledger import ledger
 from tasks.trace.run import open_run
 from tasks.train.node_launch import launch_training
-from tests.tasks.train.token_corpus import make_corpus
+from tests.tasks.train.token_corpus import TWO_RANKS, make_corpus
 
 BATCH = 4
 
@@ -58,13 +58,7 @@ def test_a_step_logged_by_no_rank_is_inferred_from_its_neighbours(tmp_path):
     assert counts["exactly_once"] and counts["inferred_steps"] == [4]
 
 
-TINY = {
-    "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
-    "data": {"seq_len": 16, "global_batch": 8},
-    "parallel": {"dp_shard": 2},
-    "steps": 14,
-    "checkpoint": {"interval_steps": 2},
-}
+TINY = {**TWO_RANKS, "steps": 14}
 
 
 @pytest.mark.slow

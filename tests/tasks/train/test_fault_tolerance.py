@@ -25,17 +25,11 @@ from tasks.train.faults import fired_faults
 from tasks.train.goodput import read_jsonl
 from tasks.train.node_launch import excluded_hosts, free_port, launch_training, prepare_run, start_torchrun
 from tests.tasks.train.processes import follow, kill_tree, listening, wait_for
+from tests.tasks.train.token_corpus import TWO_RANKS
 
 pytestmark = pytest.mark.slow
 
-TINY = {
-    "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
-    "data": {"seq_len": 16, "global_batch": 8},
-    "parallel": {"dp_shard": 2},
-    "steps": 12,
-    "checkpoint": {"interval_steps": 2},
-    "stragglers": {"every_steps": 2},
-}
+TINY = {**TWO_RANKS, "steps": 12, "stragglers": {"every_steps": 2}}
 HANG_TIMEOUT_S = 6
 
 

@@ -25,16 +25,10 @@ from tasks.contract import read_manifest
 from tasks.train.goodput import read_jsonl
 from tasks.train.node_launch import launch_training
 from tests.tasks.train.processes import follow, kill_tree, wait_for
-from tests.tasks.train.token_corpus import make_corpus
+from tests.tasks.train.token_corpus import TWO_RANKS, make_corpus
 
 REPO = Path(__file__).resolve().parents[3]
-TINY = {
-    "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
-    "data": {"seq_len": 16, "global_batch": 8},
-    "parallel": {"dp_shard": 2},
-    "steps": 10,
-    "checkpoint": {"interval_steps": 2},
-}
+TINY = {**TWO_RANKS, "steps": 10}
 LEASE_TIMEOUT_S = 6.0
 # The launcher as `smelt train` runs it (flows/train.py calls launch_training), in a process of its own.
 LAUNCHER = """

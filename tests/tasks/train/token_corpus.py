@@ -46,3 +46,13 @@ def make_corpus(url: str, *, tokens: int = 40_000, vocab: int = 256, seed: int =
     meta = {"dtype": "uint16", "vocab_size": vocab, "eos_id": EOS, "bos_id": None, "pad_id": None}
     contract.commit(url, "tokens", f"corpus-{seed}", shards, {"tokens": len(stream), "docs": len(docs)}, meta=meta)
     return storage.normalize_url(url)
+
+
+# The run the two-rank trainer tests start from: the tiny model sharded over two ranks (FSDP), a checkpoint every
+# two steps; each test sets its own step count and faults.
+TWO_RANKS = {
+    "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
+    "data": {"seq_len": 16, "global_batch": 8},
+    "parallel": {"dp_shard": 2},
+    "checkpoint": {"interval_steps": 2},
+}
