@@ -18,6 +18,7 @@ from tasks.trace.run import open_run
 from tasks.train import replicas
 from tasks.train.config import TrainConfig
 from tasks.train.node_launch import prepare_run
+from tasks.train.procs import free_port
 from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow
@@ -101,3 +102,30 @@ def test_launch_slurm_runs_replica_groups_as_job_steps_and_a_lost_group_heals(sl
     result = ledger(open_run(str(run_dir)))
     assert result["exactly_once"] and result["samples"] == STEPS * GLOBAL_BATCH, result
     assert summary["last_loss"] == pytest.approx(reference_loss, rel=1e-5)
+
+
+def test_a_replica_group_spanning_both_nodes_is_one_step_meeting_on_its_first_node(slurm_cluster, corpus, tmp_path,
+                                                                                    monkeypatch):
+    """One group of 2 nodes × 1 rank (FSDP over dp_shard 2): one job step with a torchrun agent on each node, their
+    rendezvous on the group's first node's address (NodeAddr, whatever the node names resolve to)."""
+    run_dir = tmp_path / "run"
+    for key, value in {"SLURM_CONF": slurm_cluster.env["SLURM_CONF"], "OMP_NUM_THREADS": "1",
+                       "SMELT_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(key, value)
+    sets = [s for s in SETS if not s.startswith(("train.steps", "train.parallel"))]
+    job = launch("slurm", data={"main": corpus}, config=config([*sets, "train.steps=4", "train.parallel.dp_replicate=1",
+                                                                "train.parallel.dp_shard=2"]),
+                 run_dir=str(run_dir), dry_run=False, nodes=2, procs_per_node=1, log_dir=str(tmp_path / "logs"),
+                 rdzv_port=free_port())
+    log = tmp_path / "logs" / f"{job['name']}-{job['job_id']}.out"
+    try:
+        state = slurm_cluster.wait_job(job["job_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=WAIT_S)
+    except TimeoutError:
+        slurm_cluster.run("scancel", job["job_id"], check=False)
+        raise AssertionError(f"the job did not end in {WAIT_S} s; its log:\n{log.read_text()[-4000:]}") from None
+    assert state == "COMPLETED", log.read_text()[-4000:]
+    steps = {n: launched_steps(slurm_cluster, n, job["job_id"]) for n in ("n1", "n2")}
+    assert len(steps["n1"]) == 1 and steps["n1"] == steps["n2"], steps  # the same step on both nodes
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["restarts"] == 0
+    assert not replicas.merge_records(str(run_dir), 1, GLOBAL_BATCH, write=False)["problems"]
