@@ -25,7 +25,7 @@ from tasks.contract import read_manifest
 from tasks.train.goodput import read_jsonl
 from tasks.train.node_launch import launch_training
 from tests.tasks.train.processes import follow, kill_tree, wait_for
-from tests.tasks.train.token_corpus import TWO_RANKS, make_corpus
+from tests.tasks.train.token_corpus import TWO_RANKS
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = {**TWO_RANKS, "steps": 10}
@@ -55,11 +55,6 @@ def start_launcher(config: dict, corpus: str, run_dir: Path, wait_s: float = 0.0
 def signal_tree(proc: subprocess.Popen, sig: int) -> None:
     """Signal the launcher and everything it started (its session), like a paused or partitioned host."""
     os.killpg(proc.pid, sig)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    return make_corpus(str(tmp_path_factory.mktemp("corpus")))
 
 
 @pytest.mark.slow

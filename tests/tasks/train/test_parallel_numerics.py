@@ -23,7 +23,6 @@ from tasks.train import cross_entropy
 from tasks.train.config import TrainConfig
 from tasks.train.trainer import Trainer
 from tests.tasks.train.ranks import one_thread, run_ranks
-from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -95,11 +94,6 @@ def _worker(rank: int, data_url: str, out_dir: str, layouts: dict[str, list[str]
     for name, overrides in layouts.items():
         result = run_layout(config(overrides), data_url, os.path.join(out_dir, name))
         torch.save(result, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    return make_corpus(str(tmp_path_factory.mktemp("corpus")))
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ from tasks.trace.run import open_run
 from tasks.train.config import TrainConfig
 from tasks.train.trainer import Trainer
 from tests.tasks.train.ranks import one_thread, run_ranks
-from tests.tasks.train.token_corpus import make_corpus
 
 STEPS, FROM = 8, 4
 GLOBAL_BATCH = 8
@@ -61,11 +60,6 @@ def launch(world: int, overrides: list[str], corpus: str, run_dir: str, **branch
         run_ranks(world, _rank_train, overrides, corpus, run_dir, branch, out)
     with open(f"{out}.rank0.json") as f:
         return json.load(f)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    return make_corpus(str(tmp_path_factory.mktemp("corpus")))
 
 
 @pytest.mark.slow

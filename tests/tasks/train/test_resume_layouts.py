@@ -19,7 +19,6 @@ from tasks.config import from_dict, merge_overrides
 from tasks.train.config import TrainConfig
 from tasks.train.trainer import Trainer
 from tests.tasks.train.ranks import one_thread, run_ranks
-from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -91,11 +90,6 @@ def global_batches(ranks: list[dict]) -> list[tuple[int, torch.Tensor]]:
     assert sorted(by_dp) == list(range(ranks[0]["dp_size"]))
     steps = zip(*(by_dp[d] for d in sorted(by_dp)))
     return [(parts[0][0], torch.cat([inputs for _, inputs in parts])) for parts in steps]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    return make_corpus(str(tmp_path_factory.mktemp("corpus")))
 
 
 @pytest.fixture(scope="module")
