@@ -22,16 +22,11 @@ from tasks.trace.run import open_run
 from tasks.train.config import TrainConfig
 from tasks.train.trainer import Trainer
 from tests.tasks.train.ranks import one_thread, run_ranks
+from tests.tasks.train.token_corpus import RESUME_RUN
 
 STEPS, FROM = 8, 4
-GLOBAL_BATCH = 8
-BASE = {
-    "steps": STEPS,
-    "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
-    "data": {"seq_len": 16, "global_batch": GLOBAL_BATCH, "prefetch": 0},
-    "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
-    "checkpoint": {"interval_steps": 2, "keep_last": 10, "async_mode": "thread"},
-}
+GLOBAL_BATCH = RESUME_RUN["data"]["global_batch"]
+BASE = {**RESUME_RUN, "steps": STEPS, "checkpoint": {"interval_steps": 2, "keep_last": 10, "async_mode": "thread"}}
 
 
 def config(overrides: list[str]) -> TrainConfig:

@@ -19,21 +19,14 @@ from tasks.config import from_dict, merge_overrides
 from tasks.train.config import TrainConfig
 from tasks.train.trainer import Trainer
 from tests.tasks.train.ranks import one_thread, run_ranks
+from tests.tasks.train.token_corpus import RESUME_RUN
 
 pytestmark = pytest.mark.slow
 
 STEPS, STOP = 8, 4
-GLOBAL_BATCH = 8
-BASE = {
-    "steps": STEPS,
-    "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
-    "data": {"seq_len": 16, "global_batch": GLOBAL_BATCH, "prefetch": 0},
-    # A clip below the natural gradient norm makes every step depend on the restored optimizer and
-    # on the global norm being right across shards and stages.
-    "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
-    # No periodic saves: the checkpoint at step 4 is the one every launch forces at its last step.
-    "checkpoint": {"interval_steps": 0, "async_mode": "thread"},
-}
+GLOBAL_BATCH = RESUME_RUN["data"]["global_batch"]
+# No periodic saves: the checkpoint at step 4 is the one every launch forces at its last step.
+BASE = {**RESUME_RUN, "steps": STEPS, "checkpoint": {"interval_steps": 0, "async_mode": "thread"}}
 DP_SHARD_2 = ["parallel.dp_shard=2"]
 DP_SHARD_2_TP_2 = ["parallel.dp_shard=2", "parallel.tp=2"]
 PP_2_DP_SHARD_2 = ["parallel.pp=2", "parallel.dp_shard=2"]

@@ -56,3 +56,12 @@ TWO_RANKS = {
     "parallel": {"dp_shard": 2},
     "checkpoint": {"interval_steps": 2},
 }
+
+# The one-process run the resume tests start from (8 sequences of 16 tokens a step, no prefetch). The clip below the
+# natural gradient norm makes every step depend on the restored optimizer and on the global norm being right across
+# shards and stages.
+RESUME_RUN = {
+    "model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64},
+    "data": {"seq_len": 16, "global_batch": 8, "prefetch": 0},
+    "optim": {"lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5},
+}
