@@ -180,7 +180,7 @@ def test_training_killed_after_a_committed_checkpoint_on_s3_resumes_from_it_and_
 
 CHILD = """
 import sys, time
-from tasks import datasets
+from tasks import contract
 url, gate = sys.argv[1], sys.argv[2]
 
 def write(f):
