@@ -47,9 +47,9 @@ def batch(seq_len: int, sequences: int) -> list[str]:
     return [f"train.data.seq_len={seq_len}", f"train.data.global_batch={sequences}"]
 
 
-def schedule(steps: int, lr: float, warmup: int, checkpoint_every: int) -> list[str]:
+def schedule(steps: int, lr: float, warmup: int, checkpoint_every: int, min_lr_ratio: float = 0.1) -> list[str]:
     return [f"train.steps={steps}", f"train.optim.lr={lr}", f"train.optim.warmup_steps={warmup}",
-            f"train.checkpoint.interval_steps={checkpoint_every}"]
+            f"train.checkpoint.interval_steps={checkpoint_every}", f"train.optim.min_lr_ratio={min_lr_ratio}"]
 
 
 def mixture(web: float, code: float) -> list[str]:
@@ -92,6 +92,26 @@ CANDIDATES: dict[str, list[str]] = {
     "l4d64-s128-500-lr4e3-mix46": [*shape(64, 4), *batch(128, 32), *schedule(500, 4e-3, 25, 250), *mixture(0.4, 0.6)],
     # the demo with ZeRO-2 (parameters stay gathered between forward and backward): the same numbers, fewer collectives
     "demo-zero2": ["train.parallel.zero2=true"],
+    # a fifth less CPU (fewer tokens; a step's bookkeeping is not where the time goes: bench/demo_train_cost.py),
+    # paid for by the schedule: cosine to 0 instead of lr x 0.1 (-minlr0), more code, a smaller batch
+    "l4d64-s128-400-lr4e3-mix46-minlr0": [*shape(64, 4), *batch(128, 32), *schedule(400, 4e-3, 25, 200, 0.0),
+                                          *mixture(0.4, 0.6)],
+    "l4d64-s128-400-lr4e3-mix3565-minlr0": [*shape(64, 4), *batch(128, 32), *schedule(400, 4e-3, 25, 200, 0.0),
+                                            *mixture(0.35, 0.65)],
+    "l4d64-s128b24-500-lr4e3-mix46-minlr0": [*shape(64, 4), *batch(128, 24), *schedule(500, 4e-3, 25, 250, 0.0),
+                                             *mixture(0.4, 0.6)],
+    "l4d64-s128-400-lr5e3-w40-mix46-minlr0": [*shape(64, 4), *batch(128, 32), *schedule(400, 5e-3, 40, 200, 0.0),
+                                              *mixture(0.4, 0.6)],
+    # cheaper steps at the demo's 500 (bench/demo_train_cost.py's layers-2 and tied; one rank's step: 3 layers 0.82,
+    # tied embeddings 0.92, ffn 128 0.91 of the demo's): the steps cannot go, so the step has to get cheaper
+    "l4d64f128-s128-500-lr4e3-mix46-tied": [*shape(64, 4, ffn=128), "train.model.tie_embeddings=true",
+                                            *batch(128, 32), *schedule(500, 4e-3, 25, 250), *mixture(0.4, 0.6)],
+    "l3d64-s128-500-lr4e3-mix46": [*shape(64, 3), *batch(128, 32), *schedule(500, 4e-3, 25, 250), *mixture(0.4, 0.6)],
+    # three layers, paid back by the schedule: cosine to 0, and a higher peak
+    "l3d64-s128-500-lr4e3-mix46-minlr0": [*shape(64, 3), *batch(128, 32), *schedule(500, 4e-3, 25, 250, 0.0),
+                                          *mixture(0.4, 0.6)],
+    "l3d64-s128-500-lr5e3-mix46-minlr0": [*shape(64, 3), *batch(128, 32), *schedule(500, 5e-3, 25, 250, 0.0),
+                                          *mixture(0.4, 0.6)],
 }
 
 
