@@ -137,7 +137,7 @@ def supervise(ns: argparse.Namespace, cfg: TrainConfig, data: dict[str, str], ar
     starter = SrunStarter(os.environ["SLURM_JOB_ID"], ns.nodes // groups, ns.procs_per_node, node_addresses(),
                           ns.rdzv_port)
     status = run_replica_groups(cfg, data, args, ns.run_dir, ns.nodes * ns.procs_per_node,
-                                log_line=lambda line: print(line, flush=True), starter=starter,
+                                stop=stop, log_line=lambda line: print(line, flush=True), starter=starter,
                                 lighthouse_host=ns.lighthouse_host)
     return 0 if stop.is_set() else status
 

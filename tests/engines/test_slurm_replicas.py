@@ -19,6 +19,7 @@ from tasks.train import replicas
 from tasks.train.config import TrainConfig
 from tasks.train.node_launch import prepare_run
 from tasks.train.procs import free_port
+from tests.engines.test_slurm import restart_now, wait_for
 from tests.tasks.train.token_corpus import make_corpus
 
 pytestmark = pytest.mark.slow
@@ -129,3 +130,37 @@ def test_a_replica_group_spanning_both_nodes_is_one_step_meeting_on_its_first_no
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["restarts"] == 0
     assert not replicas.merge_records(str(run_dir), 1, GLOBAL_BATCH, write=False)["problems"]
+
+
+def test_the_time_limit_signal_stops_the_groups_and_the_requeued_job_resumes_them_from_storage(
+        slurm_cluster, corpus, reference_loss, tmp_path, monkeypatch):
+    """Both groups are SIGSTOPped at the start of step 6, once checkpoint 4 committed (a gate: neither is behind the
+    other, so nothing else ends them); Slurm's SIGUSR1 before the time limit reaches the supervisor through the batch
+    shell, which stops the groups' steps and requeues the job; the rerun is a new launch: both groups load
+    checkpoint 4, train step 5 again, and finish on the fault-free loss."""
+    run_dir = tmp_path / "run"
+    for key, value in {"SLURM_CONF": slurm_cluster.env["SLURM_CONF"], "OMP_NUM_THREADS": "1",
+                       "SMELT_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(key, value)
+    job = launch("slurm", data={"main": corpus}, config=config([*SETS, "train.checkpoint.interval_steps=4",
+                                                                "train.faults.inject=stop:rank=0,step=6;"
+                                                                "stop:rank=1,step=6"]),
+                 run_dir=str(run_dir), dry_run=False, nodes=2, procs_per_node=1, log_dir=str(tmp_path / "logs"))
+    log = tmp_path / "logs" / f"{job['name']}-{job['job_id']}.out"
+    try:
+        for rank in (0, 1):
+            wait_for(run_dir / "faults" / f"fired-stop-{rank}-6", WAIT_S, f"rank {rank}'s step-6 gate")
+        slurm_cluster.run("scancel", "--batch", "--signal=USR1", job["job_id"])
+        restart_now(slurm_cluster, job["job_id"])
+        state = slurm_cluster.wait_job(job["job_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=WAIT_S)
+    except (TimeoutError, AssertionError):
+        slurm_cluster.run("scancel", job["job_id"], check=False)
+        raise AssertionError(f"the job did not go as planned; its log:\n{log.read_text()[-4000:]}") from None
+    text = log.read_text()
+    assert state == "COMPLETED", text[-4000:]
+    assert "stopped before the time limit; requeueing" in text and "restart 1" in text
+    assert slurm_cluster.job_field(job["job_id"], "Restarts") == "1"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["redone_steps"] == [5] and summary["storage_resumes"] >= 2
+    assert ledger(open_run(str(run_dir)))["exactly_once"]
+    assert summary["last_loss"] == pytest.approx(reference_loss, rel=1e-5)
