@@ -12,6 +12,7 @@ import hashlib
 import shlex
 from dataclasses import dataclass, field
 
+from tasks.errors import UserError
 from tasks.repo import REPO_ROOT  # the checkout every node runs (a shared filesystem or the image)
 
 
@@ -53,12 +54,12 @@ class JobSpec:
 
         self.run_dir = normalize_url(self.run_dir)
         if self.nodes < 1 or self.procs_per_node < 1:
-            raise ValueError(f"--nodes ({self.nodes}) and processes per node ({self.procs_per_node}) must be ≥ 1")
+            raise UserError(f"--nodes ({self.nodes}) and processes per node ({self.procs_per_node}) must be ≥ 1")
         if not self.name:
             self.name = "smelt-" + hashlib.sha256(self.run_dir.encode()).hexdigest()[:8]
         self.log_dir = self.log_dir or str(REPO_ROOT / "smelt-logs")
         if self.replica_groups and self.nodes % self.replica_groups:
-            raise ValueError(f"--nodes ({self.nodes}) must be a multiple of parallel.dp_replicate "
+            raise UserError(f"--nodes ({self.nodes}) must be a multiple of parallel.dp_replicate "
                              f"({self.replica_groups}) with [train.ft]: each replica group runs on nodes of its own")
 
     @property

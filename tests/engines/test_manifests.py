@@ -15,6 +15,7 @@ import yaml
 from infra.launch.job import launch_command
 from infra.launch.submit import launch
 from infra.layout import Layout
+from tasks.errors import UserError
 from tasks.train.replica_cluster import parser
 from tests.tasks.train.token_corpus import make_corpus
 
@@ -148,7 +149,7 @@ def test_slurm_replica_groups_run_the_supervisor_on_the_batch_host_with_the_ligh
 
 def test_replica_groups_on_a_node_count_that_does_not_split_among_them_are_refused_in_one_sentence():
     for engine in ("slurm", "kubernetes"):
-        with pytest.raises(ValueError, match=r"--nodes \(3\) must be a multiple of parallel.dp_replicate \(2\)"):
+        with pytest.raises(UserError, match=r"--nodes \(3\) must be a multiple of parallel.dp_replicate \(2\)"):
             launch(engine, data={"main": "file:///nowhere"}, config=_ft_config(), run_dir="s3://bucket/run",
                    dry_run=True, nodes=3)
 
