@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from tasks.errors import UserError
+
 
 @dataclass
 class ModelConfig:
@@ -29,17 +31,17 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
             if getattr(self, name) < 1:
-                raise ValueError(f"model.{name} must be at least 1, got {getattr(self, name)}")
+                raise UserError(f"model.{name} must be at least 1, got {getattr(self, name)}")
         if self.vocab_size < 0:
-            raise ValueError(f"model.vocab_size must be >= 0 (0: from the tokenizer), got {self.vocab_size}")
+            raise UserError(f"model.vocab_size must be >= 0 (0: from the tokenizer), got {self.vocab_size}")
         if not (self.rope_theta > 0 and self.norm_eps > 0):
-            raise ValueError("model.rope_theta and model.norm_eps must be positive")
+            raise UserError("model.rope_theta and model.norm_eps must be positive")
         if self.dim % self.n_heads:
-            raise ValueError(f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})")
+            raise UserError(f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.n_kv_heads})")
+            raise UserError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.n_kv_heads})")
         if (self.dim // self.n_heads) % 2:
-            raise ValueError("model.dim / model.n_heads must be even for rotary embeddings")
+            raise UserError("model.dim / model.n_heads must be even for rotary embeddings")
 
     @property
     def head_dim(self) -> int:
@@ -82,5 +84,5 @@ PRESETS: dict[str, ModelConfig] = {
 
 def preset(name: str, **overrides) -> ModelConfig:
     if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise UserError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
     return dataclasses.replace(PRESETS[name], **overrides)

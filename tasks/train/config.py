@@ -13,6 +13,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from tasks.errors import UserError
 from tasks.storage import normalize_url
 from tasks.model_config import PRESETS, ModelConfig, preset
 from tasks.train import hf_folder
@@ -27,7 +28,7 @@ ASYNC_MODES = ("off", "thread", "process")
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
-        raise ValueError(message)
+        raise UserError(message)
 
 
 def _choice(key: str, value: str, choices) -> None:
@@ -300,7 +301,7 @@ def parse_data(items: list[str]) -> dict[str, str]:
         elif len(items) == 1:
             name, url = "main", item
         else:
-            raise ValueError(f"data item {item!r} needs a name when several datasets are given: name=URL")
+            raise UserError(f"data item {item!r} needs a name when several datasets are given: name=URL")
         _require(name not in out, f"data names dataset {name!r} twice; give each dataset its own name")
         out[name] = normalize_url(url)
     _require(bool(out), "no data given; pass a tokens dataset URL")
