@@ -22,8 +22,10 @@ import os
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from tasks.config import from_dict, merge_overrides
+from tasks.train import parallelize
 from tasks.train.config import TrainConfig
 from tasks.train.trainer import Trainer
 from tests.tasks.train.ranks import one_thread, run_ranks
@@ -90,3 +92,21 @@ def test_bf16_losses_match_across_layouts_and_track_fp32(tmp_path):
     for name in runs:
         assert gaps[name] < SAME_PATH_RTOL, f"bf16 {name} differs from bf16 on one rank by {gaps[name]:.2e}"
         assert to_fp32[name] < BF16_RTOL, f"bf16 {name} strays from fp32 by {to_fp32[name]:.2e}"
+
+
+def test_a_checkpoint_saved_without_fsdp_resumes_under_fsdp_at_degree_1(tmp_path, monkeypatch):
+    """Before this path, one rank saved plain tensors; fully_shard keeps the names, so those checkpoints load."""
+    corpus = make_corpus(str(tmp_path / "corpus"))
+    fp32 = ["parallel.mixed_precision=fp32", "checkpoint.interval_steps=2", "checkpoint.async_mode=off"]
+    cfg = from_dict(TrainConfig, merge_overrides(copy.deepcopy(BASE), [*fp32, "steps=6"]))
+    with monkeypatch.context() as old_layout, one_thread():
+        old_layout.setattr(parallelize, "apply_fsdp", lambda *args, **kwargs: None)  # the one-rank layout before
+        uninterrupted = losses([*fp32, "steps=6"], corpus, str(tmp_path / "uninterrupted"))
+        with Trainer(cfg, {"corpus": corpus}, str(tmp_path / "resumed")) as trainer:
+            assert not isinstance(trainer.params[0], DTensor)
+            first_part = trainer.train(stop_after=4)["losses"]  # checkpointed at step 4, the schedule still 6 steps
+    with one_thread():
+        with Trainer(cfg, {"corpus": corpus}, str(tmp_path / "resumed")) as trainer:
+            assert trainer.resumed_from == 4 and isinstance(trainer.params[0], DTensor)
+            rest = trainer.train()["losses"]
+    assert first_part + rest == uninterrupted
