@@ -16,6 +16,7 @@ from tasks.errors import UserError
 from tasks.repo import REPO_ROOT  # the checkout every node runs (a shared filesystem or the image)
 
 
+FROM_CONFIG = {"from_config": True}  # a JobSpec field the run's config sets (submit.launch), not a `smelt launch` option
 HEAD = "__SMELT_HEAD__"  # placeholder for the rendezvous host; each engine substitutes its own
 
 
@@ -44,10 +45,12 @@ class JobSpec:
     store_secret: str = "smelt-store"  # Kubernetes Secret with AWS_* keys for the object store
     env: dict[str, str] = field(default_factory=dict)
     # [train.ft]: parallel.dp_replicate torchft replica groups, each on nodes / replica_groups nodes of its own
-    # (tasks/train/replica_cluster.py); 0: one torchrun job
-    replica_groups: int = 0
-    lighthouse_port: int = 29510  # Kubernetes: the Lighthouse Service's port (Slurm: a free port on the batch host)
-    launch_id: str = ""  # Kubernetes: fresh per `smelt launch`; a group's pod that finds its own start of it restarted
+    # (tasks/train/replica_cluster.py); 0: one torchrun job. Set by submit.launch from the run's config, not options.
+    replica_groups: int = field(default=0, metadata=FROM_CONFIG)
+    # Kubernetes: the Lighthouse Service's port, train.ft.lighthouse_port (Slurm: a free port on the batch host)
+    lighthouse_port: int = field(default=29510, metadata=FROM_CONFIG)
+    # Kubernetes: fresh per `smelt launch`; a group's pod that finds its own start of it restarted
+    launch_id: str = field(default="", metadata=FROM_CONFIG)
 
     def __post_init__(self) -> None:
         from tasks.storage import normalize_url  # fsspec: `smelt`'s startup reads JOB_DEFAULTS without it
@@ -90,7 +93,8 @@ class JobSpec:
 
 
 # What `smelt launch` passes when an option is not given (flows/cli.py): the dataclass's own defaults.
-JOB_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobSpec) if f.default is not dataclasses.MISSING}
+JOB_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobSpec)
+                if f.default is not dataclasses.MISSING and not f.metadata.get("from_config")}
 
 
 def shell_line(cmd: list[str], head: str) -> str:
