@@ -45,7 +45,6 @@ fired marker, or when the harness acted):
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 import threading
@@ -61,6 +60,7 @@ from tasks.train import replicas
 from tasks.train.config import TrainConfig
 from tasks.train.faults import fired_faults
 from tasks.train.node_launch import prepare_run
+from tasks.train.replica_records import group_records, newest_step
 
 LAYOUTS = {"2x1": 1, "2x2": 2}  # name → ranks per group
 KINDS = ("rank_kill", "group_kill", "hang", "lighthouse_kill")
@@ -155,7 +155,7 @@ class Run:
         run_dir, deadline = str(self.run_dir), time.monotonic() + WAIT_S + 2 * self.steps
         harness = self.fault.kind in ("group_kill", "lighthouse_kill")
         while time.monotonic() < deadline and not self.done.is_set():
-            if harness and replicas.newest_step(run_dir, 1) >= self.fault.step:
+            if harness and newest_step(run_dir, 1) >= self.fault.step:
                 self.acted_at = time.time()
                 if self.fault.kind == "group_kill":
                     supervisor.kill_group(1)
@@ -168,7 +168,7 @@ class Run:
                 return
             if not harness and any(f["kind"] in ("kill", "stop") for f in fired_faults(run_dir)):
                 return
-            if not harness and replicas.newest_step(run_dir, 1) > self.fault.step:
+            if not harness and newest_step(run_dir, 1) > self.fault.step:
                 self.line(f"chaos: {self.fault.kind} did not fire (group 1 is past step {self.fault.step}); killing "
                           "group 1 to open the gate")
                 supervisor.kill_group(1)
@@ -180,7 +180,7 @@ class Run:
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for g in range(GROUPS) for r in replicas.group_records(str(run_dir), g)}
+    return {r["step"]: r["loss"] for g in range(GROUPS) for r in group_records(str(run_dir), g)}
 
 
 def final_parameters(run_dir: Path, steps: int) -> dict[str, torch.Tensor] | None:
@@ -244,7 +244,7 @@ def median_gap(times: list[float]) -> float | None:
 def measure(run: Run, supervisor: replicas.ReplicaGroups, steps: int) -> dict:
     """One fault's figures (the module docstring defines them)."""
     run_dir, fault = str(run.run_dir), run.fault
-    by_group = {g: replicas.group_records(run_dir, g) for g in range(GROUPS)}
+    by_group = {g: group_records(run_dir, g) for g in range(GROUPS)}
     fired = [f for f in fired_faults(run_dir) if f["kind"] in ("kill", "stop")]
     t = run.acted_at if fault.kind in ("group_kill", "lighthouse_kill") else (fired[0]["time"] if fired else None)
     out: dict = {"kind": fault.kind, "step": fault.step, "rank": fault.rank, "fired": t is not None,
@@ -323,7 +323,7 @@ class ReplicaBench:
         group_size, steps = LAYOUTS[name], self.args.replica_steps
         self.say(f"replicas {name}: reference")
         ref_run, _, ref_wall = self.run(group_size, None)
-        records = replicas.group_records(str(ref_run.run_dir), 0)
+        records = group_records(str(ref_run.run_dir), 0)
         reference = {"losses": losses(ref_run.run_dir), "parameters": final_parameters(ref_run.run_dir, steps),
                      "step_s": median_gap([r["time"] for r in records])}
         self.drop(ref_run)

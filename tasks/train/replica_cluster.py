@@ -32,7 +32,8 @@ from tasks import storage
 from tasks.config import load
 from tasks.repo import REPO_ROOT, python_path
 from tasks.train.config import TrainConfig, parse_data
-from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV, group_dir
+from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV
+from tasks.train.replica_records import group_dir
 from tasks.train.replicas import (Group, LocalStarter, finish_run, group_command, kill_tree, run_replica_groups,
                                   write_lineage)
 

@@ -31,8 +31,10 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import sys
 import time
+import urllib.parse
 from datetime import timedelta
 
 import torch
@@ -42,7 +44,6 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from tasks import contract, storage
-from tasks import jsonlog
 from tasks.lease import Fence
 from tasks.llama import Transformer
 from tasks.train import metrics as train_metrics
@@ -51,10 +52,13 @@ from tasks.train.config import TrainConfig
 from tasks.train.cross_entropy import token_sum_cross_entropy
 from tasks.train.data import TokenLoader
 from tasks.train.faults import FaultInjector
+from tasks.train.heal_transport import Frame, FramedHTTPTransport
 from tasks.train.identity import config_fingerprint
 from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.parallelize import check_model_fits, materialize, parallelize_model
+from tasks.train.replica_records import group_dir, last_committed_step, mark_up, newest_record, restarted_and_up
+from tasks.train.snapshot import Snapshotter, folder_instance, load_into
 
 log = logging.getLogger(__name__)
 
@@ -63,32 +67,13 @@ RESTARTED_ENV = "SMELT_REPLICA_RESTARTED"  # "1": the supervisor restarted this 
 QUORUM_RETRY_S = 0.2  # between quorum attempts while the Lighthouse is away
 
 
-def group_dir(run_dir: str, replica_id: int) -> str:
-    return storage.join(storage.normalize_url(run_dir), "replicas", f"group-{replica_id}")
-
-
-def mark_up(run_dir: str, replica_id: int) -> None:
-    """Record that this start of the group is up (its Manager heartbeating): ``up/<pid>.json``, one per start."""
-    url = storage.join(group_dir(run_dir, replica_id), "up", f"{os.getpid()}.json")
-    with storage.atomic_write(url, "w") as f:
-        f.write(json.dumps({"pid": os.getpid(), "time": time.time()}))
-
-
-def up_count(run_dir: str, replica_id: int) -> int:
-    """How many starts of the group came up (``mark_up``'s markers)."""
-    fs, path = storage.filesystem(storage.join(group_dir(run_dir, replica_id), "up"))
-    return len(fs.ls(path, detail=False)) if fs.exists(path) else 0
-
-
-def restarted_and_up(run_dir: str, replica_id: int) -> bool:
-    """Whether the group was started again and that start is up (what a ``hold`` fault waits for)."""
-    return up_count(run_dir, replica_id) >= 2
-
-
-def last_committed_step(run_dir: str, groups: int) -> int:
-    """The newest step any group recorded as committed (0 if none)."""
-    return max((r["step"] for g in range(groups) for r in jsonlog.read(group_dir(run_dir, g), "metrics.jsonl")
-                if "step" in r), default=0)
+def heal_host() -> str:
+    """The address this rank serves its state on to a healing peer: ``SMELT_HEAL_HOST``, else loopback when the
+    Lighthouse is on this host's loopback (one-host runs and tests), else this host's name."""
+    if os.environ.get("SMELT_HEAL_HOST"):
+        return os.environ["SMELT_HEAL_HOST"]
+    lighthouse = urllib.parse.urlsplit(os.environ.get("TORCHFT_LIGHTHOUSE", "")).hostname or ""
+    return "127.0.0.1" if lighthouse in ("127.0.0.1", "localhost", "::1") else socket.getfqdn()
 
 
 def micro_batch(global_batch: int, micro: int, groups: int) -> int:
@@ -179,6 +164,7 @@ class ReplicaGroup:
             heartbeat_interval=timedelta(milliseconds=max(10, ft.heartbeat_timeout_ms // 5)),
             init_sync=False,  # materialize() gives every group the same weights
             quorum_retries=ft.quorum_retries,
+            checkpoint_transport=FramedHTTPTransport(heal_host(), timedelta(seconds=ft.timeout_s)),  # no pickles
         )
         self.metrics = train_metrics.MetricsLogger(group_dir(self.run_dir, replica_id), enabled=self.rank == 0)
         self.discarded = 0
@@ -186,10 +172,26 @@ class ReplicaGroup:
         # there), for evals and exports, and for the case healing cannot cover: every group lost.
         self.datasets = datasets
         fingerprints = {name: contract.open_dataset(url, kind="tokens").fingerprint for name, url in datasets.items()}
+        fence = Fence.from_env(self.run_dir)
         self.checkpointer = CheckpointManager(
             self.run_dir, cfg.checkpoint, rank=self.rank, world_size=self.world_size,
             config_fingerprint=config_fingerprint(self.model_cfg, data, fingerprints, seed=cfg.seed,
-                                                  init_from=cfg.init_from), fence=Fence.from_env(self.run_dir))
+                                                  init_from=cfg.init_from), fence=fence)
+        # In-memory snapshots on this node (snapshot.py), for when every group is lost but their nodes are not: the
+        # newest is restored instead of the older storage checkpoint. No copy on another node: the other groups
+        # hold the same state live, and a group whose node is lost heals from them.
+        self.snapshots = None
+        if cfg.snapshot.active(self.world_size * self.groups):
+            folder = [folder_instance(self.run_dir) if self.rank == 0 else None]
+            if self.world_size > 1:
+                dist.broadcast_object_list(folder, src=0)
+            self.snapshots = Snapshotter(
+                group_dir(self.run_dir, replica_id), rank=self.rank, world_size=self.world_size,
+                local_world_size=self.world_size, replicate=False, interval_steps=cfg.snapshot.interval_steps,
+                keep=cfg.snapshot.keep, directory=cfg.snapshot.dir, fence=fence,
+                identity={"fingerprint": self.checkpointer.config_fingerprint, "world_size": self.world_size,
+                          "layout": self.dims.describe(), "folder": folder[0]})
+        self._resume_mark: dict | None = None  # written with the first step committed after a resume
         self.progress = GroupProgress(self.global_tokens)
         self.app_state = {"model_optim": ModelOptimState([model], self.optimizers.optimizers), "train": self.progress}
         self.faults = FaultInjector.from_config(cfg.faults, self.run_dir, replica_id * self.world_size + self.rank)
@@ -199,6 +201,7 @@ class ReplicaGroup:
         self.joining = os.environ.get(RESTARTED_ENV) == "1" and run_step > 0
         self.starting = not self.joining
         self._launch_step, self._waiting_since = 0, None
+        self.behind, self._since = False, time.time()
         if self.starting and run_step > 0:
             self._resume_from_storage("a new launch of the run")
         if self.rank == 0:
@@ -207,13 +210,22 @@ class ReplicaGroup:
     # -- what healing moves --------------------------------------------------------------------------
 
     def _state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optim": [o.state_dict() for o in self.optimizers.optimizers]}
+        """What a healing peer receives (heal_transport.py): the model, optimizer and progress, tensors and JSON."""
+        return {key: value.state_dict() for key, value in self.app_state.items()}
 
-    def _load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        for opt, saved in zip(self.optimizers.optimizers, state["optim"]):
-            opt.load_state_dict(saved)
+    def _load_state_dict(self, frame: Frame) -> None:
+        load_into(self.app_state, frame.header, frame.tensors, template=self._live_state)
         log.info("group %d healed from a peer at step %d", self.replica_id, self.manager.current_step())
+
+    def _live_state(self) -> dict:
+        """The state dicts a received frame or a snapshot is loaded into: pending gradients discarded first (they
+        would keep a fresh optimizer without state: ModelOptimState.discard_gradients), optimizer state made."""
+        if self.snapshots is not None:
+            self.snapshots.wait_for_copy()  # a load overwrites the tensors a snapshot may still be copying
+        model_optim = self.app_state["model_optim"]
+        model_optim.discard_gradients()
+        model_optim.init_optimizer_state()
+        return {key: value.state_dict() for key, value in self.app_state.items()}
 
     # -- one step ------------------------------------------------------------------------------------------
 
@@ -247,7 +259,7 @@ class ReplicaGroup:
         if step > self.cfg.steps:  # healed from a peer that has finished the run
             return None
         participants, rank = self.manager.num_participants(), self.manager.participating_rank()
-        ready = self._ready(participants)
+        ready = self._ready(participants, step)
         shares = batch_shares(step, self.cfg.data.global_batch, self.micro, participants)
         mine = shares[rank] if rank is not None and ready else (0, 0)
 
@@ -281,8 +293,12 @@ class ReplicaGroup:
             self.discarded += 1
             log.warning("group %d: step %d discarded (commit vote failed); retrying it", self.replica_id, step)
             return None
+        if self.snapshots is not None:
+            self.snapshots.wait_for_copy()  # the previous snapshot's copy reads the tensors the step changes
         self.optimizers.step()
         self.progress.step = step
+        if self.snapshots is not None:
+            self.snapshots.take(step, self.app_state)
         if rank == 0:  # the quorum's first participant writes the run's storage checkpoint
             self.faults.on_save_start(step)
             meta = {"tokens": step * self.global_tokens, "loss": loss, "layout": f"ft{participants}·"
@@ -326,7 +342,7 @@ class ReplicaGroup:
             dist.broadcast_object_list(step, src=0)
         return step[0]
 
-    def _ready(self, participants: int) -> bool:
+    def _ready(self, participants: int, step: int) -> bool:
         """Whether this group trains this quorum's step. Not while
 
         - *joining* (restarted into a run that has committed steps): no peer ahead of this group is in the quorum
@@ -336,6 +352,11 @@ class ReplicaGroup:
           first group up trains the first steps alone, and one lost before the others are up leaves them nobody
           to heal from. Past ``ft.quorum_timeout_s`` the run starts with the groups that are there; a group that
           healed from a peer meanwhile joined a running run.
+
+        - *behind* (``_committed_elsewhere``): in a quorum without every group, a group that is not in it has
+          committed this step since this group started. Training it here would commit the step a second time with
+          other shares (a split step: a group left alone at the run's end, or by a Lighthouse that forgot it). It
+          waits for a peer to heal from, or ends if the run is done (``train``).
 
         A group that is not ready still takes part in the step's all-reduce, so the whole quorum discards it."""
         if self.joining:
@@ -350,15 +371,30 @@ class ReplicaGroup:
             if participants < self.groups and self.manager.current_step() == self._launch_step:
                 log.warning("group %d: starting without every replica group after %.0f s", self.replica_id, waited)
             self.starting = False
+        self.behind = participants < self.groups and self._committed_elsewhere(step)
+        if self.behind:
+            return False
         self._waiting_since = None
         return True
+
+    def _committed_elsewhere(self, step: int) -> bool:
+        """Whether a group other than this one recorded ``step`` (or a later one) as committed since this group
+        started or resumed (older records belong to a trajectory a resume replaced); read on rank 0."""
+        found = [False]
+        if self.rank == 0:
+            for g in range(self.groups):
+                record = None if g == self.replica_id else newest_record(self.run_dir, g)
+                found[0] |= record is not None and record["step"] >= step and record["time"] > self._since
+        if self.world_size > 1:
+            dist.broadcast_object_list(found, src=0)
+        return found[0]
 
     def _wait_for_peers(self) -> None:
         """After a step voted down because a participant was not ready (``_ready``): time the wait, fall back to
         storage when joining found no live peer within ``ft.timeout_s``, and let the peers' next quorum form."""
         if self._waiting_since is None:
             self._waiting_since = time.monotonic()
-        if self.joining and time.monotonic() - self._waiting_since > self.cfg.ft.timeout_s:
+        if (self.joining or self.behind) and time.monotonic() - self._waiting_since > self.cfg.ft.timeout_s:
             done = last_committed_step(self.run_dir, self.groups)
             self._resume_from_storage(f"no live peer to heal from: every group was lost at step {done}")
         else:
@@ -366,33 +402,49 @@ class ReplicaGroup:
         return None
 
     def _resume_from_storage(self, why: str) -> None:
-        """A launch, or no live peer: load the newest storage checkpoint (or start over from step 0 if there is
-        none) and step on from there; the steps committed after it are redone, and ``replicas.merge_records``
-        keeps only their new records (``resumed_from`` marks in the group's log). Groups agree: they load the same
-        checkpoint, whose commit happened before any of them started or was lost."""
+        """A launch, or no live peer: load the newest in-memory snapshot at least as new as the newest storage
+        checkpoint, else that checkpoint (else start over from step 0) and step on from there. The steps committed
+        after it are redone, and ``replicas.merge_records`` keeps only their new records: the group's first commit
+        after this writes a ``resumed_from`` mark naming the step it really went on from (a group that resumed
+        behind a peer heals to the peer's step first, and its mark must not disown the peer's steps)."""
         stored = self.checkpointer.latest_step()
         done = last_committed_step(self.run_dir, self.groups)
-        if stored is not None:
+        restored = None
+        if self.snapshots is not None:
+            restored = self.snapshots.restore(self.app_state, not_before=stored, template=self._live_state)
+        if restored is not None:
+            self.checkpointer.mark_loaded(restored.step)
+            source, step = "snapshot", restored.step
+        elif stored is not None:
+            self._live_state()  # gradients discarded, a snapshot in flight done
             self.checkpointer.load(self.app_state, step=stored)
-            self.manager.load_state_dict({"step": stored, "batches_committed": stored})
+            source, step = "storage", stored
+        else:
+            source, step = "start", 0
+        if step:
+            self.manager.load_state_dict({"step": step, "batches_committed": step})
         log.warning("group %d (%s): resumed from %s", self.replica_id, why,
-                    f"the storage checkpoint of step {stored}" if stored else "the start")
-        self.metrics.log({"resumed_from": stored or 0, "lost_at": done, "replica": self.replica_id,
-                          "time": time.time()})
+                    {"snapshot": f"the in-memory snapshot of step {step}",
+                     "storage": f"the storage checkpoint of step {step}", "start": "the start"}[source])
+        self._resume_mark = {"lost_at": done, "replica": self.replica_id, "source": source, "time": time.time()}
         self.joining, self.starting = False, True  # the groups resuming with it step together from here
+        self.behind, self._since = False, time.time()
         self._launch_step, self._waiting_since = self.manager.current_step(), None
 
     def train(self) -> int:
         """Step until the run's last step is committed; returns the steps this group committed."""
         committed = 0
         while self.manager.current_step() < self.cfg.steps:
-            if self.joining and self._run_step_on_rank0() >= self.cfg.steps:
+            if (self.joining or self.behind) and self._run_step_on_rank0() >= self.cfg.steps:
                 log.info("group %d: the run finished while this group was away", self.replica_id)
                 return 0
             record = self.step()
             if record is None:
                 continue
             committed += 1
+            if self._resume_mark is not None:
+                self.metrics.log({**self._resume_mark, "resumed_from": record["step"] - 1})
+                self._resume_mark = None
             self.metrics.log(record)
             if self.rank == 0:
                 log.info("group %d step %d/%d loss %.5f participants %d read %s", self.replica_id, record["step"],
@@ -400,6 +452,8 @@ class ReplicaGroup:
         return committed
 
     def close(self) -> None:
+        if self.snapshots is not None:
+            self.snapshots.close()
         self.checkpointer.close()
         self.metrics.close()
         self.loader.close()
@@ -431,4 +485,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Everything is written and closed. torchft's quorum thread is not a daemon and may still sit in a gloo connect
+    # to a group that has left (its quorum timeout, seconds); the interpreter would wait for it at exit, and the
+    # supervisor would see a group lingering behind the run's last step and kill it as hung.
+    sys.stderr.flush()
+    os._exit(status)

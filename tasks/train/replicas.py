@@ -47,7 +47,8 @@ from tasks.repo import REPO_ROOT, python_path
 from tasks.train.config import ReplicaConfig, TrainConfig
 from tasks.train.data import TokenLoader
 from tasks.train.procs import free_port, stop_tree
-from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV, group_dir, up_count
+from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV
+from tasks.train.replica_records import group_dir, newest_step, up_count
 from tasks.train.sample_losses import LINEAGE
 
 log = logging.getLogger(__name__)
@@ -343,27 +344,6 @@ def stopped_processes(proc: subprocess.Popen) -> list[int]:
     return stopped
 
 
-def newest_step(run_dir: str, replica_id: int) -> int:
-    """The step of the group's newest committed-step record (0 if none); read from the file's tail on local disk,
-    so a supervision round costs the same on step 10 and step 10 million."""
-    fs, path = storage.filesystem(storage.join(group_dir(run_dir, replica_id), "metrics.jsonl"))
-    if not fs.isfile(path):  # none yet, or an object store's segments (tasks/jsonlog.py): read whole
-        records = group_records(run_dir, replica_id)
-        return records[-1]["step"] if records else 0
-    with fs.open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(max(0, size - 65536))
-        lines = f.read().decode(errors="replace").splitlines()
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # cut by the seek, or by a SIGKILL mid-write
-            continue
-        if "step" in record:
-            return record["step"]
-    return 0
-
-
 def _kill_session(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -372,10 +352,6 @@ def _kill_session(pid: int) -> None:
 
 
 # -- the run's record --------------------------------------------------------------------------------------
-
-
-def group_records(run_dir: str, replica_id: int) -> list[dict]:
-    return [r for r in jsonlog.read(group_dir(run_dir, replica_id), "metrics.jsonl") if "step" in r]
 
 
 def resumes_in(logs: list[list[dict]]) -> list[dict]:

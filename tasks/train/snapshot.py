@@ -50,10 +50,11 @@ import socket
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -61,6 +62,7 @@ import torch.distributed as dist
 import xxhash
 from torch.distributed.tensor import DTensor
 
+from tasks import storage
 from tasks.lease import EPOCH_KEY, Fence
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ MAGIC = b"SMELTSN1"
 _TRAILER = struct.Struct("<Q8s")  # header length, magic
 DEFAULT_DIR = "/dev/shm/smelt-snapshots"
 DIR_ENV = "SMELT_SNAPSHOT_DIR"
+FOLDER_INSTANCE = "folder_instance"  # in the run folder: folder_instance()
 _SEP = "/"  # joins state-dict keys, which may contain dots
 
 
@@ -125,29 +128,36 @@ def _as_bytes(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
 
 
-def write_file(path: Path, header: dict, tensors: dict[str, torch.Tensor]) -> int:
-    """Write a snapshot file (under a temporary name, then renamed); returns its size in bytes."""
+def write_frame(f: BinaryIO, header: dict, tensors: dict[str, torch.Tensor]) -> int:
+    """Write one frame to ``f`` as it is read (a file, or a socket healing a replica group: heal_transport.py),
+    hashing the payload on the way; returns the bytes written."""
     entries, offset = [], len(MAGIC)
     hasher = xxhash.xxh3_128()
+    f.write(MAGIC)
+    for key, tensor in tensors.items():
+        local = _local(tensor)
+        host = local if local.device.type == "cpu" else local.to("cpu")
+        buf = _as_bytes(host)
+        hasher.update(buf)
+        f.write(buf)
+        entries.append({"key": key, "dtype": str(local.dtype).removeprefix("torch."), "shape": list(local.shape),
+                        "offset": offset, "nbytes": int(buf.nbytes), "dtensor": isinstance(tensor, DTensor)})
+        offset += buf.nbytes
+    blob = json.dumps({**header, "tensors": entries, "checksum": f"xxh3_128:{hasher.hexdigest()}"},
+                      sort_keys=True).encode()
+    f.write(blob)
+    f.write(_TRAILER.pack(len(blob), MAGIC))
+    return offset + len(blob) + _TRAILER.size
+
+
+def write_file(path: Path, header: dict, tensors: dict[str, torch.Tensor]) -> int:
+    """Write a snapshot file (under a temporary name, then renamed); returns its size in bytes."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "wb") as f:
-        f.write(MAGIC)
-        for key, tensor in tensors.items():
-            local = _local(tensor)
-            host = local if local.device.type == "cpu" else local.to("cpu")
-            buf = _as_bytes(host)
-            hasher.update(buf)
-            f.write(buf)
-            entries.append({"key": key, "dtype": str(local.dtype).removeprefix("torch."), "shape": list(local.shape),
-                            "offset": offset, "nbytes": int(buf.nbytes), "dtensor": isinstance(tensor, DTensor)})
-            offset += buf.nbytes
-        blob = json.dumps({**header, "tensors": entries, "checksum": f"xxh3_128:{hasher.hexdigest()}"},
-                          sort_keys=True).encode()
-        f.write(blob)
-        f.write(_TRAILER.pack(len(blob), MAGIC))
+        size = write_frame(f, header, tensors)
     os.replace(tmp, path)
-    return offset + len(blob) + _TRAILER.size
+    return size
 
 
 def parse_header(blob: memoryview | bytes) -> dict:
@@ -204,6 +214,28 @@ def decode(blob: memoryview | bytes) -> tuple[dict, dict[str, torch.Tensor]]:
         raw = torch.from_numpy(array[e["offset"]:e["offset"] + e["nbytes"]].copy())
         tensors[e["key"]] = raw.view(getattr(torch, e["dtype"])).reshape(e["shape"])
     return header, tensors
+
+
+def load_into(app_state: dict, header: dict, tensors: dict[str, torch.Tensor],
+              template: Callable[[], dict] | None = None) -> None:
+    """Load a decoded frame into ``app_state`` (its Stateful values by key): a shard entry becomes a DTensor
+    with the mesh and placements of the live state's (``template()``, else each value's ``state_dict()``)."""
+    live = template() if template is not None else {k: v.state_dict() for k, v in app_state.items()}
+    live_tensors, _ = flatten(live)
+    kinds = {e["key"]: e["dtensor"] for e in header["tensors"]}
+    values: dict[str, Any] = dict(header["objects"])
+    for key, tensor in tensors.items():
+        like = live_tensors.get(key)
+        if kinds[key]:
+            if not isinstance(like, DTensor):
+                raise SnapshotError(f"snapshot entry {key} is a shard but this run holds no DTensor there")
+            values[key] = DTensor.from_local(tensor.to(like.device), like.device_mesh, like.placements,
+                                             shape=like.shape, stride=like.stride(), run_check=False)
+        else:
+            values[key] = tensor.to(like.device) if isinstance(like, torch.Tensor) else tensor
+    state = unflatten(values)
+    for key, stateful in app_state.items():
+        stateful.load_state_dict(state[key])
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,6 +311,19 @@ class SnapshotStore:
 # The snapshotter
 
 
+def folder_instance(run_dir_url: str) -> str:
+    """A name for this run folder's life, made when it first trains (read it on one rank): a folder deleted and
+    made again gets another, so snapshots its predecessor left in the nodes' memory are never restored into it."""
+    url = storage.join(run_dir_url, FOLDER_INSTANCE)
+    fs, path = storage.filesystem(url)
+    if fs.exists(path):
+        return fs.cat_file(path).decode().strip()
+    instance = uuid.uuid4().hex
+    with storage.atomic_write(url, "w") as f:
+        f.write(instance)
+    return instance
+
+
 def run_key(run_dir_url: str) -> str:
     return hashlib.sha256(run_dir_url.encode()).hexdigest()[:16]
 
@@ -302,7 +347,8 @@ class Snapshotter:
     """Takes, replicates, prunes and restores one run's snapshots. Every method is collective."""
 
     def __init__(self, run_dir_url: str, *, rank: int, world_size: int, local_world_size: int, interval_steps: int,
-                 keep: int, directory: str, identity: dict[str, Any], fence: Fence | None = None) -> None:
+                 keep: int, directory: str, identity: dict[str, Any], fence: Fence | None = None,
+                 replicate: bool = True) -> None:
         if keep < 1:
             raise ValueError("snapshot.keep must be at least 1")
         self.rank, self.world_size = rank, world_size
@@ -311,7 +357,8 @@ class Snapshotter:
         self.identity = dict(identity)  # config fingerprint, world size, layout: what a restore must match
         self.fence = fence or Fence(run_dir_url, None)  # snapshots carry their writer's lease epoch
         self.store = SnapshotStore(store_dir(directory), run_key(run_dir_url))
-        self.peer = replica_peer(rank, world_size, local_world_size)
+        # replicate=False: this node's copy only (a replica group's peers hold the same state: replica_group.py)
+        self.peer = replica_peer(rank, world_size, local_world_size) if replicate else None
         self.source = None if self.peer is None else (rank - local_world_size) % world_size
         self.blocked_s = 0.0
         self.replicated_bytes = 0
@@ -324,7 +371,7 @@ class Snapshotter:
         self._copied.set()
         self._pending: concurrent.futures.Future | None = None
         self._inbox: torch.Tensor | None = None  # the peer's snapshot as received
-        if self.peer is None and rank == 0 and world_size > 1:
+        if replicate and self.peer is None and rank == 0 and world_size > 1:
             log.warning("snapshots: all %d ranks share one node, so snapshots have no replica on another node; "
                         "losing the node falls back to storage checkpoints", world_size)
 
@@ -485,7 +532,7 @@ class Snapshotter:
                 blob, error = self._fetch(step, plan, everyone, nodes)
                 errors = self._all_gather(error)
                 if not any(errors):
-                    self._load(app_state, blob, template)
+                    load_into(app_state, *blob, template=template)
                     sources = {r: ("local" if nodes[h] == nodes[r] else f"peer:{h}") for r, h in plan.items()}
                     self.refused = refused
                     return Restored(step, sources, refused, time.monotonic() - started)
@@ -541,27 +588,6 @@ class Snapshotter:
             return (header, tensors), None
         except (SnapshotError, OSError) as e:
             return None, str(e)
-
-    def _load(self, app_state: dict, blob: tuple[dict, dict[str, torch.Tensor]],
-              template: Callable[[], dict] | None) -> None:
-        header, tensors = blob
-        live = template() if template is not None else {k: v.state_dict() for k, v in app_state.items()}
-        live_tensors, _ = flatten(live)
-        kinds = {e["key"]: e["dtensor"] for e in header["tensors"]}
-        values: dict[str, Any] = dict(header["objects"])
-        for key, tensor in tensors.items():
-            if kinds[key]:
-                like = live_tensors.get(key)
-                if not isinstance(like, DTensor):
-                    raise SnapshotError(f"snapshot entry {key} is a shard but this run holds no DTensor there")
-                values[key] = DTensor.from_local(tensor.to(like.device), like.device_mesh, like.placements,
-                                                 shape=like.shape, stride=like.stride(), run_check=False)
-            else:
-                like = live_tensors.get(key)
-                values[key] = tensor.to(like.device) if isinstance(like, torch.Tensor) else tensor
-        state = unflatten(values)
-        for key, stateful in app_state.items():
-            stateful.load_state_dict(state[key])
 
     # ---- collectives -------------------------------------------------------------------------
 

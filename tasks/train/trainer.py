@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,13 +47,11 @@ from tasks.train.optim import Optimizers, clip_grad_norm_, lr_at
 from tasks.train.parallel_dims import ParallelDims
 from tasks.train.sample_losses import SampleLosses, write_lineage
 from tasks.train.parallelize import check_model_fits, compute_dtype, materialize, param_counts, parallelize_model
-from tasks.train.snapshot import Snapshotter
+from tasks.train.snapshot import Snapshotter, folder_instance
 from tasks.train.preemption import StopRequest
 from tasks.train.stragglers import StragglerDetector
 
 log = logging.getLogger(__name__)
-
-FOLDER_INSTANCE = "folder_instance"  # in the run folder: see Trainer._folder_instance
 
 
 # -- batch arithmetic -------------------------------------------------------------------------------
@@ -427,18 +424,8 @@ class Trainer:
             raise Fenced(box[0], self.fence.epoch, None)
 
     def _folder_instance(self) -> str:
-        """A name for this run folder's life, made when it first trains: a folder deleted and made again gets
-        another, so snapshots its predecessor left in the nodes' memory are never restored into it."""
-        box = [None]
-        if self.rank == 0:
-            url = storage.join(self.run_dir, FOLDER_INSTANCE)
-            fs, path = storage.filesystem(url)
-            if fs.exists(path):
-                box[0] = fs.cat_file(path).decode().strip()
-            else:
-                box[0] = uuid.uuid4().hex
-                with storage.atomic_write(url, "w") as f:
-                    f.write(box[0])
+        """snapshot.folder_instance, read on rank 0 so every rank names the same folder life."""
+        box = [folder_instance(self.run_dir) if self.rank == 0 else None]
         if self.world_size > 1:
             dist.broadcast_object_list(box, src=0)
         return box[0]

@@ -19,6 +19,7 @@ from tasks.train import replicas
 from tasks.train.config import TrainConfig
 from tasks.train.node_launch import prepare_run
 from tasks.train.procs import free_port
+from tasks.train.replica_records import group_records
 from tests.engines.test_slurm import restart_now, wait_for
 from tests.tasks.train.token_corpus import make_corpus
 
@@ -96,9 +97,9 @@ def test_launch_slurm_runs_replica_groups_as_job_steps_and_a_lost_group_heals(sl
     merged = replicas.merge_records(str(run_dir), 2, GLOBAL_BATCH, write=False)
     assert not merged["problems"], merged["problems"]
     # the restarted group healed from the survivor: its first committed step after the fault is past 5, shared
-    restarted = [r for r in replicas.group_records(str(run_dir), 1) if r["step"] >= 5]
+    restarted = [r for r in group_records(str(run_dir), 1) if r["step"] >= 5]
     assert restarted and restarted[0]["step"] > 5 and restarted[0]["participants"] == 2
-    alone = [r for r in replicas.group_records(str(run_dir), 0) if 5 <= r["step"] < restarted[0]["step"]]
+    alone = [r for r in group_records(str(run_dir), 0) if 5 <= r["step"] < restarted[0]["step"]]
     assert alone and all(r["participants"] == 1 for r in alone)  # the survivor stepped on, the whole batch
     result = ledger(open_run(str(run_dir)))
     assert result["exactly_once"] and result["samples"] == STEPS * GLOBAL_BATCH, result

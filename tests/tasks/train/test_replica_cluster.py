@@ -22,6 +22,7 @@ from tasks.train import replicas
 from tasks.train.config import TrainConfig
 from tasks.train.node_launch import prepare_run
 from tasks.train.replica_cluster import restart_of_launch
+from tasks.train.replica_records import group_records
 from tests.tasks.train.test_replicas import GLOBAL_BATCH, replica_config
 from tests.tasks.train.token_corpus import make_corpus
 
@@ -87,7 +88,7 @@ def test_a_group_pod_restarted_in_place_heals_from_its_peer_and_the_finishing_gr
     assert summary["steps"] == STEPS and summary["replica_groups"] == 2
     merged = replicas.merge_records(run_dir, 2, GLOBAL_BATCH, write=False)
     assert not merged["problems"], merged["problems"]
-    restarted = [r for r in replicas.group_records(run_dir, 1) if r["step"] >= 5]
+    restarted = [r for r in group_records(run_dir, 1) if r["step"] >= 5]
     assert restarted and restarted[0]["step"] > 5 and restarted[0]["participants"] == 2  # healed, not from step 1
     assert merged["storage_resumes"] == 0
     result = ledger(open_run(run_dir))
