@@ -46,6 +46,8 @@ VARIANTS: dict[str, list[str]] = {
     "zero2": ["parallel.zero2=true"],
     "tied": ["model.tie_embeddings=true"],
     "zero2-no-snapshots": ["parallel.zero2=true", "snapshot.enabled=off"],
+    # one FSDP2 group for the whole model: 3 collectives a step instead of 3 per block
+    "one-fsdp-group": ["parallel.fsdp_per_block=false"],
     # half the batch: what a step costs beside the tokens it trains on
     "batch-16": ["data.global_batch=16"],
     "layers-2": ["model.n_layers=2"],  # half the blocks: what the blocks cost beside the output layer

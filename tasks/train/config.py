@@ -65,6 +65,9 @@ class ParallelConfig:
     pp_schedule: str = "1F1B"  # 1F1B | Interleaved1F1B | ZBVZeroBubble
     pp_microbatches: int = 0  # 0: one per pipeline stage
     zero2: bool = False  # keep params unsharded after forward (no reshard)
+    # one FSDP2 group per block (each block's all-gather overlaps the one before); false: one group for the whole
+    # model, 3 collectives a step instead of 3 per block: 10% of the demo model's CPU step (bench/demo_train_cost.py)
+    fsdp_per_block: bool = True
     activation_checkpoint: str = "none"  # none | full | selective
     compile: bool = False
     mixed_precision: str = "auto"  # auto: bf16 params + fp32 reduce on GPU, fp32 on CPU; fp32 | bf16

@@ -76,6 +76,7 @@ def parallelize_model(model: Transformer, dims: ParallelDims, cfg: ParallelConfi
         dims.fsdp_mesh(),
         param_dtype=compute_dtype(cfg, device_type),
         reshard_after_forward=not (cfg.zero2 or dims.pp_enabled),
+        per_block=cfg.fsdp_per_block,
     )
     return model
 
@@ -178,17 +179,19 @@ def apply_compile(model: Transformer) -> None:
 # -- FSDP2 -----------------------------------------------------------------------------------------
 
 
-def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, *, param_dtype: torch.dtype, reshard_after_forward: bool) -> None:
+def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, *, param_dtype: torch.dtype, reshard_after_forward: bool,
+               per_block: bool = True) -> None:
     """FSDP2 per block, then the root (embeddings, final norm, output). A 2-D ``dp_mesh``
     (dp_replicate, dp_shard) gives HSDP; a 1-rank one shards nothing but still casts the parameters
     to ``param_dtype`` for compute. Gradients are always reduced in fp32. Parameter names (the
     checkpoints' keys) are unchanged: fully_shard swaps tensors for DTensors, it wraps no module.
 
     ``reshard_after_forward=False`` is ZeRO-2: parameters stay gathered between forward and
-    backward, trading memory for one all-gather less per block.
+    backward, trading memory for one all-gather less per block. ``per_block=False``: the root's one
+    group holds every parameter (a small model's per-block collectives cost more than they overlap).
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    blocks = list(model.layers.values())
+    blocks = list(model.layers.values()) if per_block else []
     for i, block in enumerate(blocks):
         # The last block's backward starts right after forward: resharding it would be wasted.
         fully_shard(block, mesh=dp_mesh, mp_policy=mp,

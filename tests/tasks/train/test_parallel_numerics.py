@@ -45,6 +45,7 @@ TWO_RANK = {
     "pp=2,ZBVZeroBubble": ["parallel.pp=2", "parallel.dp_shard=1", "parallel.pp_schedule=ZBVZeroBubble"],
     "dp_shard=2,zero2,selective_ac": ["parallel.dp_shard=2", "parallel.zero2=true",
                                       "parallel.activation_checkpoint=selective"],
+    "dp_shard=2,one_fsdp_group": ["parallel.dp_shard=2", "parallel.fsdp_per_block=false"],
 }
 FOUR_RANK = {
     "dp_shard=2,tp=2": ["parallel.dp_shard=2", "parallel.tp=2"],
