@@ -60,6 +60,29 @@ def reference_loss(corpus, tmp_path_factory) -> float:
     return json.loads((Path(reference) / "summary.json").read_text())["last_loss"]
 
 
+def submit(cluster, corpus: str, tmp_path: Path, monkeypatch, sets: list[str], **options) -> tuple[dict, Path]:
+    """`smelt launch slurm` of a 2-node job into ``tmp_path/run`` (sbatch exports the submitting environment to the
+    job, so the cluster's config and a cache of the test's own go with it); (the launch's answer, its log)."""
+    for key, value in {"SLURM_CONF": cluster.env["SLURM_CONF"], "OMP_NUM_THREADS": "1",
+                       "SMELT_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(key, value)
+    job = launch("slurm", data={"main": corpus}, config=config(sets), run_dir=str(tmp_path / "run"),
+                 dry_run=False, nodes=2, procs_per_node=1, log_dir=str(tmp_path / "logs"), **options)
+    return job, tmp_path / "logs" / f"{job['name']}-{job['job_id']}.out"
+
+
+def completed(cluster, job: dict, log: Path) -> str:
+    """Wait for the job to end (cancelled, with its log in the failure, past WAIT_S); its log once COMPLETED."""
+    try:
+        state = cluster.wait_job(job["job_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=WAIT_S)
+    except TimeoutError:
+        cluster.run("scancel", job["job_id"], check=False)
+        raise AssertionError(f"the job did not end in {WAIT_S} s; its log:\n{log.read_text()[-4000:]}") from None
+    text = log.read_text()
+    assert state == "COMPLETED", text[-4000:]
+    return text
+
+
 # Group 1's one rank (global rank 1) at the start of step 5: SIGKILLed (its step ends non-zero), or SIGSTOPped (a
 # group hung whole on another node: the supervisor sees it behind the other's newest committed step for
 # ft.timeout_s and ends its step with scancel). Group 0 holds at step 10 until the restarted group 1 is up, so the
@@ -73,20 +96,9 @@ def test_launch_slurm_runs_replica_groups_as_job_steps_and_a_lost_group_heals(sl
                                                                               tmp_path, monkeypatch, fault):
     inject, said = FAULTS[fault]
     run_dir = tmp_path / "run"
-    for key, value in {"SLURM_CONF": slurm_cluster.env["SLURM_CONF"], "OMP_NUM_THREADS": "1",
-                       "SMELT_CACHE_DIR": str(tmp_path / "cache")}.items():
-        monkeypatch.setenv(key, value)  # sbatch exports the submitting environment to the job
-    job = launch("slurm", data={"main": corpus}, config=config([*SETS, f"train.faults.inject={inject}"]),
-                 run_dir=str(run_dir), dry_run=False, nodes=2, procs_per_node=1, log_dir=str(tmp_path / "logs"))
+    job, log = submit(slurm_cluster, corpus, tmp_path, monkeypatch, [*SETS, f"train.faults.inject={inject}"])
     assert job["replica_groups"] == 2 and "tasks.train.replica_cluster supervise" in job["text"]
-    log = tmp_path / "logs" / f"{job['name']}-{job['job_id']}.out"
-    try:
-        state = slurm_cluster.wait_job(job["job_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=WAIT_S)
-    except TimeoutError:
-        slurm_cluster.run("scancel", job["job_id"], check=False)
-        raise AssertionError(f"the job did not end in {WAIT_S} s; its log:\n{log.read_text()[-4000:]}") from None
-    text = log.read_text()
-    assert state == "COMPLETED", text[-4000:]
+    text = completed(slurm_cluster, job, log)
     # each group is a job step on its own node: group 0 once on n1, group 1 on n2, and again there once lost
     steps = {n: launched_steps(slurm_cluster, n, job["job_id"]) for n in ("n1", "n2")}
     assert (len(steps["n1"]), len(steps["n2"])) == (1, 2), steps
@@ -111,21 +123,11 @@ def test_a_replica_group_spanning_both_nodes_is_one_step_meeting_on_its_first_no
     """One group of 2 nodes × 1 rank (FSDP over dp_shard 2): one job step with a torchrun agent on each node, their
     rendezvous on the group's first node's address (NodeAddr, whatever the node names resolve to)."""
     run_dir = tmp_path / "run"
-    for key, value in {"SLURM_CONF": slurm_cluster.env["SLURM_CONF"], "OMP_NUM_THREADS": "1",
-                       "SMELT_CACHE_DIR": str(tmp_path / "cache")}.items():
-        monkeypatch.setenv(key, value)
     sets = [s for s in SETS if not s.startswith(("train.steps", "train.parallel"))]
-    job = launch("slurm", data={"main": corpus}, config=config([*sets, "train.steps=4", "train.parallel.dp_replicate=1",
-                                                                "train.parallel.dp_shard=2"]),
-                 run_dir=str(run_dir), dry_run=False, nodes=2, procs_per_node=1, log_dir=str(tmp_path / "logs"),
-                 rdzv_port=free_port())
-    log = tmp_path / "logs" / f"{job['name']}-{job['job_id']}.out"
-    try:
-        state = slurm_cluster.wait_job(job["job_id"], {"COMPLETED", "FAILED", "CANCELLED"}, timeout=WAIT_S)
-    except TimeoutError:
-        slurm_cluster.run("scancel", job["job_id"], check=False)
-        raise AssertionError(f"the job did not end in {WAIT_S} s; its log:\n{log.read_text()[-4000:]}") from None
-    assert state == "COMPLETED", log.read_text()[-4000:]
+    job, log = submit(slurm_cluster, corpus, tmp_path, monkeypatch,
+                      [*sets, "train.steps=4", "train.parallel.dp_replicate=1", "train.parallel.dp_shard=2"],
+                      rdzv_port=free_port())
+    completed(slurm_cluster, job, log)
     steps = {n: launched_steps(slurm_cluster, n, job["job_id"]) for n in ("n1", "n2")}
     assert len(steps["n1"]) == 1 and steps["n1"] == steps["n2"], steps  # the same step on both nodes
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -140,14 +142,9 @@ def test_the_time_limit_signal_stops_the_groups_and_the_requeued_job_resumes_the
     shell, which stops the groups' steps and requeues the job; the rerun is a new launch: both groups load
     checkpoint 4, train step 5 again, and finish on the fault-free loss."""
     run_dir = tmp_path / "run"
-    for key, value in {"SLURM_CONF": slurm_cluster.env["SLURM_CONF"], "OMP_NUM_THREADS": "1",
-                       "SMELT_CACHE_DIR": str(tmp_path / "cache")}.items():
-        monkeypatch.setenv(key, value)
-    job = launch("slurm", data={"main": corpus}, config=config([*SETS, "train.checkpoint.interval_steps=4",
-                                                                "train.faults.inject=stop:rank=0,step=6;"
-                                                                "stop:rank=1,step=6"]),
-                 run_dir=str(run_dir), dry_run=False, nodes=2, procs_per_node=1, log_dir=str(tmp_path / "logs"))
-    log = tmp_path / "logs" / f"{job['name']}-{job['job_id']}.out"
+    job, log = submit(slurm_cluster, corpus, tmp_path, monkeypatch,
+                      [*SETS, "train.checkpoint.interval_steps=4",
+                       "train.faults.inject=stop:rank=0,step=6;stop:rank=1,step=6"])
     try:
         for rank in (0, 1):
             wait_for(run_dir / "faults" / f"fired-stop-{rank}-6", WAIT_S, f"rank {rank}'s step-6 gate")
