@@ -55,6 +55,10 @@ def dask_cluster(address: str | None = None, n_workers: int | None = None) -> It
     # for long stretches, so processes, not threads, give the parallelism.
     nanny = logging.getLogger("distributed.nanny")
     level = nanny.level
+    # distributed sets its workers' environment (MALLOC_TRIM_THRESHOLD_=65536, OMP_NUM_THREADS=1 …) in this
+    # process's os.environ and leaves it there: the training ranks started after the data stages then trimmed
+    # their heap every step (tasks/train/node_launch.py's RANK_MALLOC_ENV lets the caller's environment win).
+    saved = {key: os.environ.get(key) for key in _worker_environ_keys()}
     try:
         with LocalCluster(
             n_workers=workers,
@@ -73,6 +77,19 @@ def dask_cluster(address: str | None = None, n_workers: int | None = None) -> It
                 raise
     finally:
         nanny.setLevel(level)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _worker_environ_keys() -> list[str]:
+    """The variables distributed sets for its worker processes (its ``distributed.nanny`` environ settings)."""
+    import dask.config
+
+    return [key for name in ("pre-spawn-environ", "environ")
+            for key in (dask.config.get(f"distributed.nanny.{name}", default=None) or {})]
 
 
 class DaskMap:
