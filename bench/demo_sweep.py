@@ -107,6 +107,8 @@ CANDIDATES: dict[str, list[str]] = {
     "l4d64f128-s128-500-lr4e3-mix46-tied": [*shape(64, 4, ffn=128), "train.model.tie_embeddings=true",
                                             *batch(128, 32), *schedule(500, 4e-3, 25, 250), *mixture(0.4, 0.6)],
     "l3d64-s128-500-lr4e3-mix46": [*shape(64, 3), *batch(128, 32), *schedule(500, 4e-3, 25, 250), *mixture(0.4, 0.6)],
+    # the demo as it was before its snapshots every 50 steps and its one FSDP2 group (the same numbers, more CPU)
+    "demo-snapshot-every-step-fsdp-per-block": ["train.snapshot.interval_steps=1", "train.parallel.fsdp_per_block=true"],
     # three layers, paid back by the schedule: cosine to 0, and a higher peak
     "l3d64-s128-500-lr4e3-mix46-minlr0": [*shape(64, 3), *batch(128, 32), *schedule(500, 4e-3, 25, 250, 0.0),
                                           *mixture(0.4, 0.6)],
