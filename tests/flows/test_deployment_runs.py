@@ -373,7 +373,7 @@ def test_a_run_marked_crashed_while_training_is_retried_and_the_retry_waits_for_
         steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert steps == list(range(1, 9))
         assert api.wait(run_id, {"COMPLETED"}) == "COMPLETED"
-        assert logged(api, run_id, f"train: reusing finished run {storage.normalize_url(str(run_dir))}")
+        assert eventually_logged(api, run_id, f"train: reusing finished run {storage.normalize_url(str(run_dir))}")
     finally:  # never leave the stopped rank behind, whatever failed
         with contextlib.suppress(ProcessLookupError):
             os.kill(rank_pid, signal.SIGCONT)
@@ -386,7 +386,23 @@ def history(api: Api, run_id: str) -> list[str]:
 
 
 def logged(api: Api, run_id: str, text: str) -> bool:
-    """Whether a log line of the flow run (any attempt) contains ``text``."""
-    logs = api.call("POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200,
-                                             "sort": "TIMESTAMP_DESC"})
-    return any(text in entry["message"] for entry in logs)
+    """Whether a log line of the flow run (any attempt) contains ``text``: every page of its logs (the server
+    answers 200 lines at most per request)."""
+    for offset in range(0, 20_000, 200):
+        logs = api.call("POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200,
+                                                 "offset": offset, "sort": "TIMESTAMP_DESC"})
+        if any(text in entry["message"] for entry in logs):
+            return True
+        if len(logs) < 200:
+            return False
+    return False
+
+
+def eventually_logged(api: Api, run_id: str, text: str, timeout_s: float = 60) -> bool:
+    """``logged``, polled: a finished run's last log lines reach the server in a batch after its state does."""
+    deadline = time.monotonic() + timeout_s
+    while not logged(api, run_id, text):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
