@@ -96,6 +96,7 @@ sys.path.insert(0, str(REPO))
 
 from tasks.checkpoint_reader import list_committed, load_consolidated  # noqa: E402
 from tasks.contract import code_version  # noqa: E402
+from tasks.train import procs  # noqa: E402
 from tasks.train.node_launch import free_port, prepare_run, start_torchrun  # noqa: E402
 from tests.tasks.train.token_corpus import make_corpus  # noqa: E402
 
@@ -188,16 +189,7 @@ def schedule(kinds: list[str], *, steps: int, interval: int, per_run: int, gap: 
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL an agent and everything under it (ranks included); reap the agent."""
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=10)
+    psutil.wait_procs(procs.kill_tree(proc), timeout=10)
     proc.wait(timeout=10)
 
 

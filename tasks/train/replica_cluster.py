@@ -32,9 +32,10 @@ from tasks import storage
 from tasks.config import load
 from tasks.repo import REPO_ROOT, python_path
 from tasks.train.config import TrainConfig, parse_data
+from tasks.train.procs import kill_tree
 from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV
 from tasks.train.replica_records import group_dir
-from tasks.train.replicas import (Group, LocalStarter, finish_run, group_command, kill_tree, run_replica_groups,
+from tasks.train.replicas import (Group, LocalStarter, finish_run, group_command, run_replica_groups,
                                   write_lineage)
 
 LAUNCH_ENV = "SMELT_LAUNCH_ID"  # Kubernetes: one per `smelt launch` (restart_of_launch)

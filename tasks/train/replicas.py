@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -39,14 +38,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from tasks import storage
 from tasks import jsonlog
 from tasks.repo import REPO_ROOT, python_path
 from tasks.train.config import ReplicaConfig, TrainConfig
 from tasks.train.data import TokenLoader
-from tasks.train.procs import free_port, stop_tree
+from tasks.train.procs import free_port, kill_session, kill_tree, stop_tree, stopped_processes
 from tasks.train.replica_group import REPLICA_ENV, RESTARTED_ENV
 from tasks.train.replica_records import group_dir, newest_step, up_count
 from tasks.train.sample_losses import LINEAGE
@@ -166,7 +163,7 @@ class LocalStarter:
         if group.proc.poll() is None:
             stop_tree(group.proc)
         else:  # torchrun gone: its ranks sit in sessions of their own
-            _kill_session(group.proc.pid)
+            kill_session(group.proc.pid)
 
 
 class ReplicaGroups:
@@ -313,42 +310,6 @@ class ReplicaGroups:
     def kill_group(self, replica_id: int) -> None:
         """SIGKILL a whole group (its torchrun agent and ranks): a lost host, for tests and bench/chaos.py."""
         self.starter.kill(self.groups[replica_id])
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc`` and every process below it."""
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:  # it exited meanwhile: the next round restarts it
-        return
-    for p in tree:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-
-
-def stopped_processes(proc: subprocess.Popen) -> list[int]:
-    """The pids of ``proc``'s tree (a group: its torchrun agent and ranks, or its one rank) that are stopped."""
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-    stopped = []
-    for p in tree:
-        try:
-            if p.status() == psutil.STATUS_STOPPED:
-                stopped.append(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return stopped
-
-
-def _kill_session(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # -- the run's record --------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ truth, reuse of finished stages, and resume after the whole run is SIGKILLed dur
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from tasks.checkpoint_reader import list_committed
 from tasks.dedup.normalize import normalize_text
 from tasks.sample.code import load_code_ground_truth
 from tasks.sample.crawl import load_ground_truth
+from tasks.train.procs import kill_tree
 from tests.flows.tiny_run import TINY_RUN
 
 pytestmark = pytest.mark.slow
@@ -181,15 +181,6 @@ def test_the_data_stages_the_flow_plans_are_the_stages_it_ran(first_run):
     assert len(ran) == 7 and sorted(planned_data_urls(web, code, root, cfg)) == sorted(ran)
 
 
-def _kill_tree(pid: int) -> None:
-    parent = psutil.Process(pid)
-    for proc in parent.children(recursive=True) + [parent]:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-
-
 def test_run_killed_during_training_resumes_from_its_last_checkpoint(first_run):
     """A longer run continues the finished one in its folder (its identity ignores the step budget,
     tasks/train/identity.py); killed past the finished step, the same command resumes it there."""
@@ -213,7 +204,7 @@ def test_run_killed_during_training_resumes_from_its_last_checkpoint(first_run):
         assert progressed, "the longer run never committed a checkpoint past the finished step"
         assert psutil.Process(proc.pid).children(recursive=True), "training processes should be running"
     finally:
-        _kill_tree(proc.pid)
+        kill_tree(proc)
         proc.wait(timeout=30)
     killed_at = max(c["step"] for c in list_committed(run_dir))
     assert contract.read_manifest(run_dir) is None  # the run is no longer finished, and did not finish again

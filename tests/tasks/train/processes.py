@@ -6,7 +6,7 @@ import socket
 import time
 from collections.abc import Callable
 
-import psutil
+from tasks.train import procs
 
 
 def listening(port: int) -> bool:
@@ -23,15 +23,7 @@ def follow(proc, lines: list[str]) -> None:
 
 def kill_tree(proc) -> None:
     """SIGKILL a process and everything it started, at once (a node lost), and reap it."""
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    procs.kill_tree(proc)
     proc.wait()
 
 

@@ -22,6 +22,7 @@ from tasks.train import replicas
 from tasks.train.config import TrainConfig
 from tasks.train.faults import fired_faults
 from tasks.train.node_launch import prepare_run
+from tasks.train.procs import stopped_processes
 from tasks.train.replica_group import batch_shares, micro_batch
 from tasks.train.replica_records import group_dir, group_records, newest_step
 from tests.tasks.train.token_corpus import make_corpus
@@ -254,17 +255,17 @@ def test_newest_step_reads_the_last_whole_record_of_a_long_record_cut_by_a_kill(
 def test_stopped_processes_names_a_stopped_process_of_the_tree_and_only_while_it_is_stopped():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        assert replicas.stopped_processes(proc) == []
+        assert stopped_processes(proc) == []
         os.kill(proc.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 10
-        while not replicas.stopped_processes(proc) and time.monotonic() < deadline:
+        while not stopped_processes(proc) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert replicas.stopped_processes(proc) == [proc.pid]
+        assert stopped_processes(proc) == [proc.pid]
         os.kill(proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + 10
-        while replicas.stopped_processes(proc) and time.monotonic() < deadline:
+        while stopped_processes(proc) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert replicas.stopped_processes(proc) == []
+        assert stopped_processes(proc) == []
     finally:
         proc.kill()
         proc.wait(timeout=10)
