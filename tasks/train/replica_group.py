@@ -416,8 +416,9 @@ class ReplicaGroup:
             self.checkpointer.mark_loaded(restored.step)
             source, step = "snapshot", restored.step
         elif stored is not None:
-            self._live_state()  # gradients discarded, a snapshot in flight done
-            self.checkpointer.load(self.app_state, step=stored)
+            if self.snapshots is not None:
+                self.snapshots.wait_for_copy()  # the load overwrites what an in-flight snapshot is copying
+            self.checkpointer.load(self.app_state, step=stored)  # it discards pending gradients itself
             source, step = "storage", stored
         else:
             source, step = "start", 0
