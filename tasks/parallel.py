@@ -46,11 +46,14 @@ class ClientMap:
         index = {f.key: i for i, f in enumerate(futures)}
         results: list = [None] * len(futures)
         progress = MapProgress(label or getattr(fn, "__name__", "map"), len(futures), self.log_fn)
-        # with_results: results come over in the background as tasks finish, not one round trip each
-        for future, result in as_completed(futures, with_results=True):
-            if isinstance(result, RemoteFailure):
-                self.client.cancel(futures)
-                result.reraise()
-            results[index[future.key]] = result
-            progress.update(result)
+        # One foreground gather per batch of finished items: a round trip per batch, not per result,
+        # and no gather left in flight when a failure cancels the rest (with_results=True gathers in
+        # the background, and a cancel racing it made the scheduler log "Couldn't gather keys").
+        for batch in as_completed(futures).batches():
+            for future, result in zip(batch, self.client.gather(batch)):
+                if isinstance(result, RemoteFailure):
+                    self.client.cancel(futures)
+                    result.reraise()
+                results[index[future.key]] = result
+                progress.update(result)
         return results
