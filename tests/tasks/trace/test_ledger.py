@@ -68,7 +68,7 @@ def test_a_run_with_a_killed_rank_and_a_rollback_trains_every_sample_once_except
     cfg["faults"] = {"inject": "kill:rank=1,step=5;nan:step=10"}
     run_dir = tmp_path / "run"
     launch_training(data={"main": corpus}, config=cfg, run_dir=str(run_dir), nproc=2, max_restarts=1, timeout_s=300,
-                    log=lambda line: None)  # default settings: smelt's agent replaces the killed rank
+                    log=print)  # default settings: smelt's agent replaces the killed rank
     events = jsonlog.read(str(run_dir), "events.jsonl")
     assert [e["event"] for e in events].count("restore") == 1  # the kill happened and the run resumed
     run = open_run(str(run_dir))

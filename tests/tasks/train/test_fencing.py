@@ -61,7 +61,7 @@ def signal_tree(proc: subprocess.Popen, sig: int) -> None:
 def test_a_paused_job_taken_over_wakes_up_commits_nothing_and_names_the_newer_epoch(corpus, tmp_path):
     reference = tmp_path / "reference"
     launch_training(data={"main": corpus}, config=TINY, run_dir=str(reference), nproc=2, timeout_s=300,
-                    log=lambda line: None)
+                    log=print)
 
     run = tmp_path / "run"
     paused = copy.deepcopy(TINY)

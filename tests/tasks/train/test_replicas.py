@@ -167,7 +167,7 @@ def test_launch_training_with_train_ft_runs_the_groups_and_returns_the_runs_summ
     from tasks.train.node_launch import launch_training
 
     result = launch_training(data={"main": corpus}, config=replica_config(steps=4), run_dir=str(tmp_path / "run"),
-                             nproc=2, timeout_s=WAIT_S, log=lambda line: None)
+                             nproc=2, timeout_s=WAIT_S, log=print)
     assert result["returncode"] == 0 and result["summary"]["steps"] == 4 and result["summary"]["replica_groups"] == 2
     assert ledger(open_run(str(tmp_path / "run")))["exactly_once"]
 

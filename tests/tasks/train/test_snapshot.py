@@ -137,7 +137,7 @@ def assert_same_run(run_dir, reference_dir) -> None:
 def reference(corpus, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference")
     launch_training(data={"main": corpus}, config=config(), run_dir=str(run_dir), nproc=2, timeout_s=300,
-                    log=lambda line: None)
+                    log=print)
     return run_dir
 
 
@@ -159,7 +159,7 @@ def test_with_default_settings_a_rank_killed_mid_run_resumes_from_memory_losing_
 def test_a_corrupted_snapshot_is_refused_and_the_one_before_it_restored(corpus, reference, tmp_path):
     """Through torchrun's restart, the fallback: its restarted ranks restore from snapshots too."""
     launch_training(data={"main": corpus}, config=config("corrupt_snapshot:rank=1,step=7"), run_dir=str(tmp_path),
-                    nproc=2, max_restarts=1, timeout_s=300, restart="torchrun", log=lambda line: None)
+                    nproc=2, max_restarts=1, timeout_s=300, restart="torchrun", log=print)
     [restore] = restores(tmp_path)
     assert restore["source"] == "snapshot" and restore["step"] == 5, restore
     [refused] = restore["refused"]
