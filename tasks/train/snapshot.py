@@ -153,11 +153,25 @@ def write_frame(f: BinaryIO, header: dict, tensors: dict[str, torch.Tensor]) -> 
 def write_file(path: Path, header: dict, tensors: dict[str, torch.Tensor]) -> int:
     """Write a snapshot file (under a temporary name, then renamed); returns its size in bytes."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb") as f:
+    with open_in_shared_folder(tmp) as f:
         size = write_frame(f, header, tensors)
     os.replace(tmp, path)
     return size
+
+
+def open_in_shared_folder(path: Path, attempts: int = 5) -> BinaryIO:
+    """``open(path, "wb")``, making its folder first. The ranks of a node share the step folders and each
+    removes one once it has emptied it of its own files, so another rank may remove the folder between
+    our ``mkdir`` and ``open``: at a run's end the faster rank discards its files while the slower one still
+    writes its last snapshot. Once our file is in it, the folder is not empty and stays."""
+    for _ in range(attempts - 1):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return open(path, "wb")
+        except FileNotFoundError:
+            pass  # removed again in between: make it again
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "wb")
 
 
 def parse_header(blob: memoryview | bytes) -> dict:
@@ -267,9 +281,11 @@ class SnapshotStore:
         return self.root / f"step-{step:08d}" / f"rank-{owner:05d}.snap"
 
     def steps(self) -> list[int]:
-        if not self.root.is_dir():
+        try:
+            entries = list(self.root.iterdir())
+        except FileNotFoundError:  # none yet, or another rank of the node removed the emptied folder
             return []
-        return sorted(int(p.name[5:]) for p in self.root.iterdir() if p.name.startswith("step-") and p.is_dir())
+        return sorted(int(p.name[5:]) for p in entries if p.name.startswith("step-") and p.is_dir())
 
     def held(self, accept: Callable[[dict], bool]) -> list[Held]:
         """Snapshots here whose header ``accept`` admits (the file's checksum is checked on use, not here)."""
@@ -277,12 +293,12 @@ class SnapshotStore:
         for step in self.steps():
             for f in sorted((self.root / f"step-{step:08d}").glob("rank-*.snap")):
                 try:
-                    header = read_header(f)
+                    header, nbytes = read_header(f), f.stat().st_size
                 except (OSError, SnapshotError) as e:
                     log.warning("snapshot %s ignored: %s", f, e)
                     continue
                 if header.get("step") == step and accept(header):
-                    out.append(Held(int(header["owner"]), step, f.stat().st_size))
+                    out.append(Held(int(header["owner"]), step, nbytes))
         return out
 
     def remove(self, owner: int, step: int) -> None:
@@ -471,8 +487,8 @@ class Snapshotter:
                 raise SnapshotError(f"replica names rank {header.get('owner')} step {header.get('step')}")
             target = self.store.path(self.source, step)
             tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            theirs.numpy().tofile(tmp)
+            with open_in_shared_folder(tmp) as f:
+                theirs.numpy().tofile(f)
             os.replace(tmp, target)
         except (SnapshotError, OSError) as e:
             log.error("snapshot replica of rank %d step %d refused: %s", self.source, step, e)

@@ -88,6 +88,27 @@ def test_the_store_keeps_the_newest_steps_of_the_owners_it_is_told_about(tmp_pat
     assert store.steps() == [1, 2]
 
 
+def test_a_rank_writes_its_snapshot_even_when_another_removes_the_emptied_step_folder_under_it(tmp_path, monkeypatch):
+    """At a run's end the faster rank discards its files and removes the step folder it emptied, which the
+    slower rank has just made for its own last snapshot."""
+    store = SnapshotStore(tmp_path, "run")
+    real_mkdir = Path.mkdir
+    removed = []
+
+    def mkdir_then_another_rank_removes_it(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        if self.name == "step-00000012" and not removed:
+            store.remove(0, 12)  # rank 0's discard: its own file is gone, so the folder is empty
+            removed.append(self)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_another_rank_removes_it)
+    write_file(store.path(1, 12), {"owner": 1, "step": 12, "objects": {}}, {})
+    assert removed and store.steps() == [12] and read_header(store.path(1, 12))["owner"] == 1
+    store.remove(1, 12)
+    store.root.rmdir()  # the last rank's discard removes the run's folder: a listing now finds nothing
+    assert store.steps() == [] and store.held(lambda h: True) == []
+
+
 # -- torchrun jobs ------------------------------------------------------------------------------------------
 
 TINY = {
