@@ -294,6 +294,8 @@ class SnapshotStore:
             for f in sorted((self.root / f"step-{step:08d}").glob("rank-*.snap")):
                 try:
                     header, nbytes = read_header(f), f.stat().st_size
+                except FileNotFoundError:
+                    continue  # pruned by its owner since the listing: not a broken snapshot
                 except (OSError, SnapshotError) as e:
                     log.warning("snapshot %s ignored: %s", f, e)
                     continue

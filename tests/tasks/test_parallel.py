@@ -72,7 +72,6 @@ def test_an_item_that_raises_fails_the_map_with_its_own_error(client):
     assert ClientMap(client)(_fail_on_three, []) == []
 
 
-
 def _fail_on_five_else_20_mb(x: int) -> bytes:
     """Big results take long to gather, so a failure arrives while some are still on their way."""
     from tasks.contract import DatasetError
